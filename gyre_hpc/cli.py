@@ -1,0 +1,67 @@
+"""The ``gyre`` command: one subcommand per module in ``jobs/``.
+
+Each job module defines ``DESCRIPTION`` (the ``--help`` text), ``add_arguments(parser)``
+and ``run(args) -> int``. Job modules are imported only when their subcommand runs, so ``gyre --help`` stays
+fast and never imports torch. A ``GyreError`` becomes one line on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from gyre_hpc.errors import GyreError
+
+#: subcommand → job module. Order is the order ``gyre --help`` lists them.
+COMMANDS = {
+    "train": "jobs.train",
+    "simulate": "jobs.simulate",
+    "trajectory": "jobs.trajectory",
+    "config": "jobs.config",
+}
+
+_HELP = {
+    "train": "run the main job: elastic RL training on the configured cells",
+    "simulate": "predict wall time, idle fractions and staleness of scheduling policies",
+    "trajectory": "inspect, synthesize and pack TITO logs (stats, pack, synth)",
+    "config": "explain every config key, or print a resolved config",
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gyre",
+        description="gyre_hpc: SLURM-native elastic RL for long-horizon coding agents. "
+        "Run `gyre COMMAND --help` for the options of each command.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    wanted = next((a for a in argv if a in COMMANDS), None)
+    for name, module_name in COMMANDS.items():
+        if name != wanted:  # only the invoked job module is imported
+            sub.add_parser(name, help=_HELP[name])
+            continue
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(
+            name,
+            help=_HELP[name],
+            description=module.DESCRIPTION,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except GyreError as exc:
+        print(f"gyre {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""Configuration: frozen dataclasses per component, loaded from YAML with strict errors.
+
+Invariants
+- Every field of every section has a type and a one-line doc (``param(default, doc)``); ``gyre config explain``
+  prints them.
+- Loading never guesses: an unknown key, a wrong type, or a value outside its choices raises ``ConfigError``
+  naming the dotted key (``trajectory.j_max``) and, for unknown keys, the valid ones.
+- ``--set a.b=c`` overrides are parsed as YAML scalars (``null``, ``1.5``, ``true``) and then pass through the
+  same loader, so an override is exactly as typed and checked as the file.
+- Config flows down: each component receives its own frozen section, never the root.
+
+Supported field types: bool, int, float (an int is accepted), str, ``Literal[...]``, ``X | None``,
+``tuple[X, ...]`` and nested dataclasses (also inside tuples).
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+import yaml
+
+from gyre_hpc.errors import ConfigError
+
+
+def param(default: Any, doc: str, **kwargs: Any) -> Any:
+    """A documented dataclass field; mutable defaults (dataclasses, tuples) are handled."""
+    if dataclasses.is_dataclass(default) and not isinstance(default, type):
+        return field(default_factory=lambda: default, metadata={"doc": doc}, **kwargs)
+    return field(default=default, metadata={"doc": doc}, **kwargs)
+
+
+class FieldError(ConfigError):
+    """Raised by a section's ``check()``: ``key`` is relative to the section; the loader makes it dotted."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.message = message
+
+
+def require(condition: bool, key: str, message: str) -> None:
+    """Raise ``FieldError(key, message)`` unless ``condition``; used inside ``check()`` methods."""
+    if not condition:
+        raise FieldError(key, message)
+
+
+# --------------------------------------------------------------------------------------------- sections
+@dataclass(frozen=True)
+class RunConfig:
+    """Where a job writes and how it is seeded."""
+
+    name: str = param("gyre", "Run name; the run directory is <out_dir>/<name>-<timestamp>.")
+    out_dir: str = param("runs", "Directory under which run directories are created.")
+    seed: int = param(0, "Seed for every random choice of the job (workload, sampling, init).")
+
+
+@dataclass(frozen=True)
+class TrajectoryConfig:
+    """How TITO logs become training samples (prefix tree, J_max, scoring, advantages, packing)."""
+
+    j_max: int | None = param(5, "At most this many paths per run enter training; null = unlimited.")
+
+    def check(self) -> None:
+        require(self.j_max is None or self.j_max >= 1, "j_max", f"must be >= 1 or null, got {self.j_max}")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The cells of one allocation (one SLURM job, or one machine in the embedded default)."""
+
+    cells: int = param(4, "Number of cells (node groups) that serve rollouts or host a training replica.")
+    nodes_per_cell: int = param(1, "Nodes in each cell; every cell has the same size.")
+    gpus_per_node: int = param(0, "GPUs per node; 0 means CPU-only cells (the embedded default).")
+    tensor_parallel: int = param(1, "Tensor-parallel size of one training replica / engine inside a cell.")
+    pipeline_parallel: int = param(1, "Pipeline-parallel size of one training replica inside a cell.")
+
+    def check(self) -> None:
+        for key in ("cells", "nodes_per_cell", "tensor_parallel", "pipeline_parallel"):
+            require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
+        require(self.gpus_per_node >= 0, "gpus_per_node", f"must be >= 0, got {self.gpus_per_node}")
+
+
+@dataclass(frozen=True)
+class GyreConfig:
+    """The root: one section per component. Components receive their section, never this object."""
+
+    run: RunConfig = param(RunConfig(), "Run directory and seed.")
+    cluster: ClusterConfig = param(ClusterConfig(), "Cells of the allocation.")
+    trajectory: TrajectoryConfig = param(TrajectoryConfig(), "Trajectory processing.")
+
+
+# ----------------------------------------------------------------------------------------------- loader
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(tp: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, choices))}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise ConfigError(f"{key}: null is not allowed (expected {_type_name(tp)})")
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(arg, value, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        (item,) = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        return tuple(_convert(item, v, f"{key}[{i}]") for i, v in enumerate(value))
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
+        return build(tp, value, key)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported field type {tp!r}")  # a programming error in a section
+
+
+def build(cls: type, data: Mapping[str, Any], path: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data``; errors name the dotted key under ``path``."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        where = f"{path}." if path else ""
+        raise ConfigError(
+            f"unknown key {where}{unknown[0]}; valid keys{' of ' + path if path else ''}: {', '.join(fields)}"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        kwargs[name] = _convert(hints[name], value, f"{path}.{name}" if path else name)
+    obj = cls(**kwargs)
+    check = getattr(obj, "check", None)
+    if check is not None:
+        try:
+            check()
+        except FieldError as exc:
+            raise ConfigError(f"{path + '.' if path else ''}{exc.key}: {exc.message}") from None
+    return obj
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"a.b=1.5"`` → (["a", "b"], 1.5); the value is parsed as a YAML scalar or flow list."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} is not of the form key.path=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({exc.problem})") from None
+    return key.strip().split("."), value
+
+
+def apply_overrides(data: dict, overrides: Sequence[str], root: type = None) -> dict:
+    """Return a deep copy of raw ``data`` with each ``key.path=value`` set; unknown keys fail here."""
+    import copy
+
+    root = root or GyreConfig
+    data = copy.deepcopy(data)
+    for text in overrides:
+        keys, value = parse_override(text)
+        cls, node = root, data
+        for depth, key in enumerate(keys):
+            names = [f.name for f in dataclasses.fields(cls)]
+            dotted = ".".join(keys[: depth + 1])
+            if key not in names:
+                parent = ".".join(keys[:depth]) or "the root"
+                raise ConfigError(f"unknown key {dotted}; valid keys of {parent}: {', '.join(names)}")
+            if depth == len(keys) - 1:
+                node[key] = value
+                break
+            sub = typing.get_type_hints(cls)[key]
+            if not dataclasses.is_dataclass(sub):
+                raise ConfigError(f"{dotted} is a value, not a section; cannot set {'.'.join(keys)}")
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{dotted}: expected a mapping in the config file, got {node!r}")
+            cls = sub
+    return data
+
+
+def read_yaml(path: str | Path) -> dict:
+    """Read a YAML mapping; a missing file or a syntax error is a ``ConfigError`` naming the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}" if mark else str(p)
+        raise ConfigError(f"{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), root: type = None) -> Any:
+    """Load ``path`` (or the defaults when None), apply overrides, and build the frozen root config."""
+    root = root or GyreConfig
+    data = read_yaml(path) if path is not None else {}
+    return build(root, apply_overrides(data, overrides, root))
+
+
+def to_dict(cfg: Any) -> dict:
+    """Plain nested dict (tuples become lists) — what ``yaml.safe_dump`` writes into a run directory."""
+
+    def plain(v: Any) -> Any:
+        if dataclasses.is_dataclass(v):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, tuple):
+            return [plain(x) for x in v]
+        return v
+
+    return plain(cfg)
+
+
+def explain(cls: type = None, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(dotted key, type, default, doc) for every leaf field, in declaration order."""
+    cls = cls or GyreConfig
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        tp = hints[f.name]
+        doc = f.metadata.get("doc", "")
+        if dataclasses.is_dataclass(tp):
+            rows.append((key, "section", "", doc))
+            rows.extend(explain(tp, key + "."))
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            rows.append((key, _type_name(tp), repr(to_dict(default)), doc))
+    return rows

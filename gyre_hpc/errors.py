@@ -1,0 +1,39 @@
+"""Typed errors: every failure gyre_hpc raises on purpose is a ``GyreError``.
+
+Each error carries the offending value in its message, and recovery happens in one place
+(the allocator server, the cell runner, the command line), never scattered ``except`` blocks.
+The command line turns a ``GyreError`` into a one-line message and exit status 2.
+"""
+from __future__ import annotations
+
+
+class GyreError(Exception):
+    """Base of every error gyre_hpc raises deliberately."""
+
+
+class ConfigError(GyreError):
+    """A configuration value, key, or file is invalid (the message names the dotted key)."""
+
+
+class TrajectoryError(GyreError):
+    """A TITO log or trajectory is malformed (the message names file and line)."""
+
+
+class WorkloadError(GyreError):
+    """A simulator workload or trace is invalid."""
+
+
+class SchedulingError(GyreError):
+    """A scheduling policy was asked to do something its invariants forbid."""
+
+
+class TransferError(GyreError):
+    """A weight or KV-block transfer failed or delivered corrupt bytes."""
+
+
+class CellLostError(GyreError):
+    """A cell stopped answering (heartbeat missed, process died)."""
+
+
+class LayoutError(GyreError):
+    """A cell layout does not fit the allocation."""

@@ -1,0 +1,1 @@
+"""Entry points of the ``gyre`` command, one module per subcommand; each reads top to bottom."""

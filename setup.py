@@ -1,0 +1,25 @@
+"""gyre_hpc: install with `pip install -e ".[dev]"` (torch is pinned to the CPU wheel 2.13.0)."""
+from setuptools import find_packages, setup
+
+TRAIN = ["torch==2.13.0", "megatron-core==0.16.1", "psutil"]
+TRANSFER = ["mooncake-transfer-engine-non-cuda==0.3.13.post1"]
+MPI = ["mpi4py>=4.1"]
+SLURM = ["submitit>=1.5"]
+
+setup(
+    name="gyre_hpc",
+    version="0.1.0",
+    description="SLURM-native elastic RL for long-horizon coding agents: cells that switch between "
+    "rollout and training mid-batch, and a trajectory processor that trains each shared token once.",
+    python_requires=">=3.10",
+    packages=find_packages(include=["gyre_hpc", "gyre_hpc.*", "jobs"]),
+    install_requires=["numpy>=1.24", "pyyaml>=6", "matplotlib>=3.7", "tqdm>=4.60"],
+    extras_require={
+        "train": TRAIN,
+        "transfer": TRANSFER,
+        "mpi": MPI,
+        "slurm": SLURM,
+        "dev": TRAIN + ["pytest>=8", "pytest-timeout>=2.2"],
+    },
+    entry_points={"console_scripts": ["gyre=gyre_hpc.cli:main"]},
+)
