@@ -37,3 +37,15 @@ class CellLostError(GyreError):
 
 class LayoutError(GyreError):
     """A cell layout does not fit the allocation."""
+
+
+class EngineError(GyreError):
+    """A rollout engine refused a request, answered out of protocol, or could not be reached.
+
+    ``status`` is the HTTP status (``None`` when no answer came), ``endpoint`` the path that was called.
+    """
+
+    def __init__(self, message: str, status: int | None = None, endpoint: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.endpoint = endpoint
