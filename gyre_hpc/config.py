@@ -85,12 +85,114 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class ModelConfig:
+    """The policy model: a megatron-core ``GPTModel`` (local layer spec), sized for the CPU by default."""
+
+    vocab_size: int = param(256, "Vocabulary size (token ids must be below it).")
+    hidden: int = param(64, "Hidden size of the transformer.")
+    layers: int = param(2, "Number of transformer layers.")
+    heads: int = param(4, "Attention heads; must divide hidden.")
+    kv_heads: int | None = param(None, "Key/value head groups (grouped-query attention); null = heads.")
+    ffn: int = param(256, "Hidden size of the MLP (per projection when swiglu).")
+    max_seq_len: int = param(512, "Longest position id + 1 the model accepts (learned table / RoPE range).")
+    position_embedding: Literal["mrope", "learned_absolute"] = param(
+        "mrope",
+        "How positions enter: mrope with three identical rows equals RoPE and honours tree position ids; "
+        "learned_absolute is a learned table. (Plain rope ignores position ids and is not offered.)",
+    )
+    rotary_base: int = param(10000, "RoPE base period (mrope only).")
+    normalization: Literal["RMSNorm", "LayerNorm"] = param("RMSNorm", "Normalization layer type.")
+    swiglu: bool = param(True, "Gated SiLU MLP (linear_fc1 holds [gate; up]); false = GELU MLP.")
+    tie_embeddings: bool = param(False, "Share the input embedding and the output layer weights.")
+
+    def check(self) -> None:
+        for key in ("vocab_size", "hidden", "layers", "heads", "ffn", "max_seq_len", "rotary_base"):
+            require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
+        require(self.hidden % self.heads == 0, "heads", f"{self.heads} does not divide hidden={self.hidden}")
+        kv = self.heads if self.kv_heads is None else self.kv_heads
+        require(kv >= 1 and self.heads % kv == 0, "kv_heads", f"{kv} must be >= 1 and divide heads={self.heads}")
+        head_dim = self.hidden // self.heads
+        require(
+            self.position_embedding != "mrope" or head_dim % 2 == 0,
+            "position_embedding",
+            f"mrope needs an even head dim, got hidden/heads={head_dim}",
+        )
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training step: loss, optimizer, and how a burst of ready groups becomes optimizer steps."""
+
+    loss: Literal["pg", "ppo"] = param(
+        "pg", "pg: -A*logp; ppo: clipped importance ratio against old_logprob (the generating policy)."
+    )
+    clip_eps: float = param(0.2, "PPO clip: the ratio is clipped to [1 - clip_eps, 1 + clip_eps] (ppo only).")
+    lr: float = param(1e-3, "Adam learning rate.")
+    betas: tuple[float, ...] = param((0.9, 0.999), "Adam (beta1, beta2).")
+    weight_decay: float = param(0.0, "Decoupled weight decay (AdamW).")
+    grad_clip: float | None = param(1.0, "Clip the global gradient norm to this value; null = no clipping.")
+    mu: int = param(1, "Optimizer steps per training burst: the burst's rows are split in order into mu steps.")
+    micro_batch_rows: int | None = param(
+        None, "Rows per forward/backward (gradients accumulate over the step); null = all rows at once."
+    )
+    threads: int | None = param(None, "torch intra-op threads on the CPU; null = leave torch's default.")
+
+    def check(self) -> None:
+        require(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        require(0 < self.clip_eps < 1, "clip_eps", f"must be in (0, 1), got {self.clip_eps}")
+        require(
+            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+            "betas",
+            f"must be two numbers in [0, 1), got {list(self.betas)}",
+        )
+        require(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
+        require(self.grad_clip is None or self.grad_clip > 0, "grad_clip", f"must be > 0 or null, got {self.grad_clip}")
+        require(self.mu >= 1, "mu", f"must be >= 1, got {self.mu}")
+        for key in ("micro_batch_rows", "threads"):
+            v = getattr(self, key)
+            require(v is None or v >= 1, key, f"must be >= 1 or null, got {v}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Rollout engines: every engine speaks SGLang's HTTP protocol; ``local`` is the in-repo CPU engine."""
+
+    kind: Literal["local", "sglang"] = param("local", "Engine behind each rollout URL: the in-repo local engine or SGLang.")
+    host: str = param("127.0.0.1", "Address the engines listen on.")
+    port_base: int = param(30000, "Engine i listens on port_base + i.")
+    max_running_requests: int = param(16, "Requests decoded together in one batch; more wait in a FIFO queue.")
+    max_waiting_requests: int = param(1024, "Queued requests beyond this are refused with HTTP 503.")
+    context_len: int = param(256, "Most tokens (prompt + output) one request may hold; longer prompts are a 400.")
+    default_max_new_tokens: int = param(128, "max_new_tokens when a request does not give it (SGLang's default).")
+    initial_weight_version: str = param("0", "weight_version reported before the first weight update.")
+    model_path: str | None = param(None, "Weights directory loaded at start (trainer export); null = init from run.seed.")
+    torch_threads: int = param(1, "torch intra-op threads of one local engine process.")
+    startup_timeout_s: float = param(180.0, "Seconds launch waits for /health before giving up.")
+    request_timeout_s: float = param(600.0, "Client read timeout for one engine call, in seconds.")
+    connect_retries: int = param(3, "Client retries of a refused or dropped connection (never of an answered call).")
+    sglang_args: tuple[str, ...] = param((), "Extra command-line arguments for sglang.launch_server (kind sglang).")
+
+    def check(self) -> None:
+        for key in ("max_running_requests", "max_waiting_requests", "context_len", "default_max_new_tokens",
+                    "torch_threads"):
+            require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
+        require(1 <= self.port_base <= 65535, "port_base", f"must be a TCP port, got {self.port_base}")
+        require(self.connect_retries >= 0, "connect_retries", f"must be >= 0, got {self.connect_retries}")
+        for key in ("startup_timeout_s", "request_timeout_s"):
+            require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
+        require(self.initial_weight_version != "", "initial_weight_version", "must not be empty")
+
+
+@dataclass(frozen=True)
 class GyreConfig:
     """The root: one section per component. Components receive their section, never this object."""
 
     run: RunConfig = param(RunConfig(), "Run directory and seed.")
     cluster: ClusterConfig = param(ClusterConfig(), "Cells of the allocation.")
     trajectory: TrajectoryConfig = param(TrajectoryConfig(), "Trajectory processing.")
+    engine: EngineConfig = param(EngineConfig(), "Rollout engines (SGLang protocol).")
+    model: ModelConfig = param(ModelConfig(), "The policy model (megatron-core GPTModel).")
+    train: TrainConfig = param(TrainConfig(), "The training step and optimizer.")
 
 
 # ----------------------------------------------------------------------------------------------- loader
