@@ -184,43 +184,12 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
-class EngineConfig:
-    """Rollout engines: every engine speaks SGLang's HTTP protocol; ``local`` is the in-repo CPU engine."""
-
-    kind: Literal["local", "sglang"] = param("local", "Engine behind each rollout URL: the in-repo local engine or SGLang.")
-    host: str = param("127.0.0.1", "Address the engines listen on.")
-    port_base: int = param(30000, "Engine i listens on port_base + i.")
-    max_running_requests: int = param(16, "Requests decoded together in one batch; more wait in a FIFO queue.")
-    max_waiting_requests: int = param(1024, "Queued requests beyond this are refused with HTTP 503.")
-    context_len: int = param(256, "Most tokens (prompt + output) one request may hold; longer prompts are a 400.")
-    default_max_new_tokens: int = param(128, "max_new_tokens when a request does not give it (SGLang's default).")
-    initial_weight_version: str = param("0", "weight_version reported before the first weight update.")
-    model_path: str | None = param(None, "Weights directory loaded at start (trainer export); null = init from run.seed.")
-    torch_threads: int = param(1, "torch intra-op threads of one local engine process.")
-    startup_timeout_s: float = param(180.0, "Seconds launch waits for /health before giving up.")
-    request_timeout_s: float = param(600.0, "Client read timeout for one engine call, in seconds.")
-    connect_retries: int = param(3, "Client retries of a refused or dropped connection (never of an answered call).")
-    sglang_args: tuple[str, ...] = param((), "Extra command-line arguments for sglang.launch_server (kind sglang).")
-
-    def check(self) -> None:
-        for key in ("max_running_requests", "max_waiting_requests", "context_len", "default_max_new_tokens",
-                    "torch_threads"):
-            require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
-        require(1 <= self.port_base <= 65535, "port_base", f"must be a TCP port, got {self.port_base}")
-        require(self.connect_retries >= 0, "connect_retries", f"must be >= 0, got {self.connect_retries}")
-        for key in ("startup_timeout_s", "request_timeout_s"):
-            require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
-        require(self.initial_weight_version != "", "initial_weight_version", "must not be empty")
-
-
-@dataclass(frozen=True)
 class GyreConfig:
     """The root: one section per component. Components receive their section, never this object."""
 
     run: RunConfig = param(RunConfig(), "Run directory and seed.")
     cluster: ClusterConfig = param(ClusterConfig(), "Cells of the allocation.")
     trajectory: TrajectoryConfig = param(TrajectoryConfig(), "Trajectory processing.")
-    engine: EngineConfig = param(EngineConfig(), "Rollout engines (SGLang protocol).")
     engine: EngineConfig = param(EngineConfig(), "Rollout engines (SGLang protocol).")
     model: ModelConfig = param(ModelConfig(), "The policy model (megatron-core GPTModel).")
     train: TrainConfig = param(TrainConfig(), "The training step and optimizer.")
