@@ -164,6 +164,7 @@ class EngineConfig:
     max_waiting_requests: int = param(1024, "Queued requests beyond this are refused with HTTP 503.")
     context_len: int = param(256, "Most tokens (prompt + output) one request may hold; longer prompts are a 400.")
     default_max_new_tokens: int = param(128, "max_new_tokens when a request does not give it (SGLang's default).")
+    eos_token_id: int | None = param(None, "End-of-sequence token (ends a request unless ignore_eos); null = none.")
     initial_weight_version: str = param("0", "weight_version reported before the first weight update.")
     model_path: str | None = param(None, "Weights directory loaded at start (trainer export); null = init from run.seed.")
     torch_threads: int = param(1, "torch intra-op threads of one local engine process.")
@@ -181,6 +182,7 @@ class EngineConfig:
         for key in ("startup_timeout_s", "request_timeout_s"):
             require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
         require(self.initial_weight_version != "", "initial_weight_version", "must not be empty")
+        require(self.eos_token_id is None or self.eos_token_id >= 0, "eos_token_id", f"must be >= 0, got {self.eos_token_id}")
 
 
 @dataclass(frozen=True)
