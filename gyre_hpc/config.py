@@ -63,9 +63,32 @@ class TrajectoryConfig:
     """How TITO logs become training samples (prefix tree, J_max, scoring, advantages, packing)."""
 
     j_max: int | None = param(5, "At most this many paths per run enter training; null = unlimited.")
+    selection: Literal["final_then_recent", "final_then_longest", "recent"] = param(
+        "final_then_recent",
+        "Which paths J_max keeps: the final-answer path, then the most recent (or most-generated) others; "
+        "'recent' ranks all paths by recency only.",
+    )
+    equal_score_groups: Literal["drop", "keep"] = param(
+        "drop", "Groups whose scorable runs all have the same score: drop them, or keep them with advantage 0."
+    )
+    advantage_norm: Literal["mean", "mean_std"] = param(
+        "mean_std", "Advantage = score - group mean ('mean'), or that divided by (group std + advantage_eps)."
+    )
+    advantage_eps: float = param(1e-6, "Added to the group standard deviation before dividing (mean_std).")
+    pack_mode: Literal["tree", "flat"] = param(
+        "tree", "tree: each run's paths share their prefixes in one row; flat: one path per row."
+    )
+    max_row_tokens: int = param(1024, "Tokens per packed row; a run tree (or flat path) longer than this is an error.")
+    vocab_size: int | None = param(
+        None, "Reject token ids >= this when reading TITO logs; null = only negative ids are rejected."
+    )
 
     def check(self) -> None:
         require(self.j_max is None or self.j_max >= 1, "j_max", f"must be >= 1 or null, got {self.j_max}")
+        require(self.advantage_eps > 0, "advantage_eps", f"must be > 0, got {self.advantage_eps}")
+        require(self.max_row_tokens >= 2, "max_row_tokens", f"must be >= 2, got {self.max_row_tokens}")
+        require(self.vocab_size is None or self.vocab_size >= 1, "vocab_size",
+                f"must be >= 1 or null, got {self.vocab_size}")
 
 
 @dataclass(frozen=True)
