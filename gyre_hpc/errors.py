@@ -49,3 +49,7 @@ class EngineError(GyreError):
         super().__init__(message)
         self.status = status
         self.endpoint = endpoint
+
+
+class CheckpointError(GyreError):
+    """A checkpoint directory is missing, incomplete, or was written by another parallel layout."""
