@@ -209,6 +209,31 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class TransferConfig:
+    """How satellites and engines pull the core cell's weights (Mooncake Transfer Engine, or stand-ins)."""
+
+    backend: Literal["mooncake", "inprocess", "socket"] = param(
+        "mooncake", "Transport: Mooncake Transfer Engine, an in-process memcpy stand-in, or a plain TCP socket."
+    )
+    protocol: Literal["tcp", "rdma"] = param(
+        "tcp", "Mooncake protocol; rdma fails fast when Mooncake finds no RDMA device (no silent TCP fallback)."
+    )
+    host: str = param("127.0.0.1", "Address this process's transfer endpoint binds and advertises to peers.")
+    chunk_bytes: int = param(16 << 20, "Bytes per read request; failures name the chunks of the failed batch.")
+    batch_bytes: int = param(256 << 20, "Bytes submitted per batch_transfer_sync_read call (whole chunks).")
+    timeout_s: int = param(30, "Seconds a stalled transfer waits before failing (sets MC_TRANSFER_TIMEOUT).")
+    checksum: Literal["xxh3_64", "crc32"] = param("xxh3_64", "Checksum of each published chunk.")
+    checksum_chunk_bytes: int = param(4 << 20, "Bytes per checksum chunk; a mismatch names the chunk's tensors.")
+    verify: bool = param(True, "Pullers verify every chunk checksum; false skips it (checksum_ok is null).")
+    log_level: Literal["INFO", "WARNING", "ERROR"] = param("ERROR", "Mooncake log level (sets MC_LOG_LEVEL).")
+
+    def check(self) -> None:
+        for key in ("chunk_bytes", "batch_bytes", "timeout_s", "checksum_chunk_bytes"):
+            require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
+        require(self.host.strip() != "", "host", "must be an address, got an empty string")
+
+
+@dataclass(frozen=True)
 class GyreConfig:
     """The root: one section per component. Components receive their section, never this object."""
 
@@ -218,6 +243,7 @@ class GyreConfig:
     engine: EngineConfig = param(EngineConfig(), "Rollout engines (SGLang protocol).")
     model: ModelConfig = param(ModelConfig(), "The policy model (megatron-core GPTModel).")
     train: TrainConfig = param(TrainConfig(), "The training step and optimizer.")
+    transfer: TransferConfig = param(TransferConfig(), "Weight transfer between cells.")
 
 
 # ----------------------------------------------------------------------------------------------- loader
