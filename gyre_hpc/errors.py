@@ -53,3 +53,7 @@ class EngineError(GyreError):
 
 class CheckpointError(GyreError):
     """A checkpoint directory is missing, incomplete, or was written by another parallel layout."""
+
+
+class SlurmEnvError(GyreError):
+    """A SLURM environment variable is malformed or contradicts another (the message names the variable)."""
