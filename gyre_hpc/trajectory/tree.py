@@ -1,0 +1,205 @@
+"""The prefix tree of one run: every call's ``input_ids + output_ids`` inserted once, shared prefixes shared.
+
+::
+
+    calls (input | output)          prefix tree, nodes numbered in pre-order
+    c0: s q | a b                   0s ─ 1q ─ 2a ─ 3b ─ 4t ─ 5c       c1 continues c0 (c0 is a prefix of c1)
+    c1: s q a b t | c                      └─ 6x ─ 7y               c2 retries c0: it diverges after "s q"
+    c2: s q | x y
+
+A node is one token in one context (its whole prefix), so the same token id after a different prefix is a
+different node. Leaves (paths) are the distinct call sequences that are not a strict prefix of another
+call's; identical sequences are one leaf.
+
+Invariants
+- Each distinct prefix of every call sequence is exactly one node; every call sequence is a root path of the tree.
+- A node is *generated* iff some call produced it as output; only generated nodes are trainable. Tokens that were
+  only ever inputs (prompts, tool output, harness summaries) are never generated, so never trained. A root
+  (depth 0) is never generated because every call has a non-empty input.
+- When several calls generated the same node (identical retry outputs, an output later re-sent as input is the
+  same node), its logprob and version come from the first of them in file order.
+- Arrays are in pre-order: ``parent[i] < i``, ``depth[i] == depth[parent[i]] + 1``, and the subtree of ``i`` is
+  exactly the positions ``i..span_end[i]``.
+
+Method (no per-token Python loop): sort the call sequences lexicographically (as big-endian bytes), take the
+longest common prefix (LCP) of sorted neighbours with one vectorised comparison each; leaf ``k`` then adds the
+nodes ``seq_k[lcp_k:]`` and the concatenation is the pre-order. Parents of branch starts and subtree ends come
+from two monotonic stacks over the leaves (one entry per leaf, not per token), filled in with slices.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from gyre_hpc.errors import TrajectoryError
+from gyre_hpc.trajectory.records import Call
+
+
+@dataclass(frozen=True, eq=False)
+class TreeArrays:
+    """A pre-order serialized token forest (see the module docstring for the invariants)."""
+
+    tokens: np.ndarray  # int64 [N]
+    depth: np.ndarray  # int64 [N]
+    parent: np.ndarray  # int64 [N], -1 for roots
+    span_end: np.ndarray  # int64 [N]
+    generated: np.ndarray  # bool [N]
+    logprob: np.ndarray  # float64 [N], 0 where not generated
+    version: np.ndarray  # int64 [N], -1 where not generated
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True, eq=False)
+class RunTree:
+    nodes: TreeArrays
+    gen_call: np.ndarray  # int64 [N]: file index of the call that generated the node, -1 if none
+    leaf_call: np.ndarray  # int64 [S]: file index of the call whose sequence is leaf i (leaves in sorted order)
+    leaf_len: np.ndarray  # int64 [S]: path length of leaf i
+    leaf_pieces: tuple[np.ndarray, ...]  # per leaf, rows (start_depth, node_offset) of its contiguous node runs
+    leaf_last_call: np.ndarray  # int64 [S]: largest file index of a call that lies on leaf i's path
+    call_leaf: np.ndarray  # int64 [C]: the leaf whose path contains call c's sequence
+    call_rank: np.ndarray  # int64 [C]: position of call c in lexicographic order
+    sorted_lcp: np.ndarray  # int64 [C]: LCP of sorted neighbours k-1, k (0 at k=0)
+    call_len: np.ndarray  # int64 [C]
+    call_in_len: np.ndarray  # int64 [C]
+
+    @property
+    def n_leaves(self) -> int:
+        return len(self.leaf_call)
+
+    def pieces(self, leaf: int, lo: int = 0, hi: int | None = None) -> Iterator[tuple[int, int, int]]:
+        """(first node, first depth, count) of the contiguous node runs covering depths [lo, hi) of a path."""
+        hi = self.leaf_len[leaf] if hi is None else hi
+        p = self.leaf_pieces[leaf]
+        ends = np.append(p[1:, 0], self.leaf_len[leaf])
+        for (start, offset), end in zip(p.tolist(), ends.tolist()):
+            a, b = max(lo, start), min(hi, end)
+            if a < b:
+                yield offset + a - start, a, b - a
+
+    def path_nodes(self, leaf: int) -> np.ndarray:
+        """Node indices of a root-to-leaf path, by depth."""
+        return np.concatenate([np.arange(n, n + k) for n, _, k in self.pieces(leaf)])
+
+    def keep_mask(self, leaves: Sequence[int]) -> np.ndarray:
+        keep = np.zeros(len(self.nodes), bool)
+        for leaf in leaves:
+            for n, _, k in self.pieces(leaf):
+                keep[n:n + k] = True
+        return keep
+
+    def restrict(self, leaves: Sequence[int]) -> TreeArrays:
+        """The subtree spanned by ``leaves`` (pre-order is kept: it is the full pre-order restricted)."""
+        if len(set(leaves)) == self.n_leaves:
+            return self.nodes
+        keep = self.keep_mask(leaves)
+        idx = np.flatnonzero(keep)
+        new = np.cumsum(keep) - 1
+        t = self.nodes
+        par = t.parent[idx]
+        return TreeArrays(t.tokens[idx], t.depth[idx], np.where(par >= 0, new[np.maximum(par, 0)], -1),
+                          new[t.span_end[idx]], t.generated[idx], t.logprob[idx], t.version[idx])
+
+
+def lcp(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two id arrays (vectorised)."""
+    n = min(len(a), len(b))
+    neq = a[:n] != b[:n]
+    i = int(neq.argmax()) if n else 0
+    return i if n and neq[i] else n
+
+
+def _branch_parents(leaf_lcp: np.ndarray, leaf_offset: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Left-to-right stack: the parent node of each leaf's first new node, and each leaf's path pieces."""
+    parents = np.full(len(leaf_lcp), -1, np.int64)
+    stack: list[tuple[int, int]] = []  # (start depth, node offset) of the pieces of the previous path
+    pieces = []
+    for i, (l, off) in enumerate(zip(leaf_lcp.tolist(), leaf_offset.tolist())):
+        while stack and stack[-1][0] >= l:
+            stack.pop()
+        if l > 0:
+            start, offset = stack[-1]
+            parents[i] = offset + l - 1 - start
+        stack.append((l, off))
+        pieces.append(np.array(stack, np.int64))
+    return parents, pieces
+
+
+def _span_ends(leaf_lcp: np.ndarray, leaf_len: np.ndarray, leaf_offset: np.ndarray, n: int) -> np.ndarray:
+    """Right-to-left stack: a node at depth d of leaf i's new part ends its subtree just before the first later
+    leaf that branches at depth <= d (or at the end)."""
+    span_end = np.empty(n, np.int64)
+    stack: list[tuple[int, int]] = []  # (lcp, offset) of later leaves, lcp increasing towards the top
+    for l_i, hi, off in zip(leaf_lcp[::-1].tolist(), leaf_len[::-1].tolist(), leaf_offset[::-1].tolist()):
+        base = off - l_i  # node index = base + depth
+        for l_e, off_e in reversed(stack):
+            lo = max(l_e, l_i)
+            span_end[base + lo:base + hi] = off_e - 1
+            hi = lo
+            if l_e <= l_i:
+                break
+        span_end[base + l_i:base + hi] = n - 1
+        while stack and stack[-1][0] >= l_i:
+            stack.pop()
+        stack.append((l_i, off))
+    return span_end
+
+
+def build_tree(calls: Sequence[Call]) -> RunTree:
+    """The prefix tree of one run's calls (in file order)."""
+    if not calls:
+        raise TrajectoryError("build_tree: a run without calls has no tree")
+    seqs = [c.sequence for c in calls]
+    call_len = np.array([len(s) for s in seqs], np.int64)
+    call_in_len = np.array([len(c.input_ids) for c in calls], np.int64)
+    if call_in_len.min() == 0:
+        bad = calls[int(call_in_len.argmin())]
+        raise TrajectoryError(f"call {bad.call_id} of run {bad.run_id} (line {bad.line}) has an empty input")
+    keys = [s.astype(">u8").tobytes() for s in seqs]
+    order = np.array(sorted(range(len(seqs)), key=keys.__getitem__), np.int64)
+    sorted_lcp = np.zeros(len(seqs), np.int64)
+    for k in range(1, len(seqs)):
+        sorted_lcp[k] = lcp(seqs[order[k - 1]], seqs[order[k]])
+    sorted_len = call_len[order]
+    leaf_pos = np.flatnonzero(np.append(sorted_lcp[1:] < sorted_len[:-1], True))
+    leaf_lcp = np.zeros(len(leaf_pos), np.int64)
+    if len(leaf_pos) > 1:
+        leaf_lcp[1:] = np.minimum.reduceat(sorted_lcp, leaf_pos[:-1] + 1)
+    leaf_call, leaf_len = order[leaf_pos], sorted_len[leaf_pos]
+    seg_len = leaf_len - leaf_lcp
+    leaf_offset = np.concatenate([[0], np.cumsum(seg_len)[:-1]]).astype(np.int64)
+    n = int(seg_len.sum())
+    tokens = np.concatenate([seqs[c][l:] for c, l in zip(leaf_call.tolist(), leaf_lcp.tolist())])
+    depth = np.arange(n, dtype=np.int64) - np.repeat(leaf_offset - leaf_lcp, seg_len)
+    parent = np.arange(-1, n - 1, dtype=np.int64)
+    seg_parent, pieces = _branch_parents(leaf_lcp, leaf_offset)
+    parent[leaf_offset] = seg_parent
+    call_leaf = np.empty(len(seqs), np.int64)
+    call_leaf[order] = np.searchsorted(leaf_pos, np.arange(len(seqs)))
+    leaf_last = np.full(len(leaf_pos), -1, np.int64)
+    np.maximum.at(leaf_last, call_leaf, np.arange(len(seqs)))
+    call_rank = np.empty(len(seqs), np.int64)
+    call_rank[order] = np.arange(len(seqs))
+    empty = TreeArrays(tokens, depth, parent, _span_ends(leaf_lcp, leaf_len, leaf_offset, n),
+                       np.zeros(n, bool), np.zeros(n, np.float64), np.full(n, -1, np.int64))
+    tree = RunTree(empty, np.full(n, -1, np.int64), leaf_call, leaf_len, tuple(pieces), leaf_last, call_leaf,
+                   call_rank, sorted_lcp, call_len, call_in_len)
+    _mark_generated(tree, calls)
+    return tree
+
+
+def _mark_generated(tree: RunTree, calls: Sequence[Call]) -> None:
+    """Fill generated/logprob/version/gen_call from each call's output span; the first call in file order wins."""
+    t = tree.nodes
+    for c in range(len(calls) - 1, -1, -1):
+        n_in = int(tree.call_in_len[c])
+        for node, d, k in tree.pieces(int(tree.call_leaf[c]), n_in, int(tree.call_len[c])):
+            o = d - n_in
+            tree.gen_call[node:node + k] = c
+            t.logprob[node:node + k] = calls[c].output_logprobs[o:o + k]
+            t.version[node:node + k] = calls[c].output_versions[o:o + k]
+    t.generated[:] = tree.gen_call >= 0
