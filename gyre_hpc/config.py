@@ -63,10 +63,10 @@ class TrajectoryConfig:
     """How TITO logs become training samples (prefix tree, J_max, scoring, advantages, packing)."""
 
     j_max: int | None = param(5, "At most this many paths per run enter training; null = unlimited.")
-    selection: Literal["final_then_recent", "final_then_longest", "recent"] = param(
+    selection: Literal["final_then_recent", "final_then_longest", "longest"] = param(
         "final_then_recent",
         "Which paths J_max keeps: the final-answer path, then the most recent (or most-generated) others; "
-        "'recent' ranks all paths by recency only.",
+        "'longest' ranks all paths by generated tokens only.",
     )
     equal_score_groups: Literal["drop", "keep"] = param(
         "drop", "Groups whose scorable runs all have the same score: drop them, or keep them with advantage 0."
@@ -188,7 +188,7 @@ class EngineConfig:
     context_len: int = param(256, "Most tokens (prompt + output) one request may hold; longer prompts are a 400.")
     default_max_new_tokens: int = param(128, "max_new_tokens when a request does not give it (SGLang's default).")
     eos_token_id: int | None = param(None, "End-of-sequence token (ends a request unless ignore_eos); null = none.")
-    initial_weight_version: str = param("0", "weight_version reported before the first weight update.")
+    initial_weight_version: str = param("0", "weight_version before the first update (model_path: its meta.json wins).")
     model_path: str | None = param(None, "Weights directory loaded at start (trainer export); null = init from run.seed.")
     torch_threads: int = param(1, "torch intra-op threads of one local engine process.")
     startup_timeout_s: float = param(180.0, "Seconds launch waits for /health before giving up.")
