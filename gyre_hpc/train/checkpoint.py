@@ -1,0 +1,89 @@
+"""Atomic checkpoints and weight export of a (possibly tensor-parallel) megatron model.
+
+Layout of a checkpoint directory::
+
+    <path>/meta.json          {"version": ..., "tensor_parallel": ..., "world_size": ...}
+    <path>/rank000.pt ...     torch.save of each rank's Trainer.state_dict()
+
+Invariants
+- A checkpoint directory appears only complete: every rank writes into one temporary sibling directory
+  (``gyre_hpc.io.atomic_dir``, created by rank 0), which rank 0 renames to ``<path>`` after all ranks finished.
+  A process killed or failing while saving leaves at most the temporary sibling, never a partial ``<path>``,
+  and an older checkpoint at ``<path>`` stays intact until the new one replaces it whole.
+- ``gather_full`` returns each parameter as the single-rank model would hold it: tensor-parallel shards are
+  gathered along ``partition_dim``, and SwiGLU ``linear_fc1`` shards ([gate_r; up_r]) are re-ordered to
+  [gate; up].
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from gyre_hpc.errors import CheckpointError
+from gyre_hpc.io import atomic_dir
+
+
+def _rank_world() -> tuple[int, int]:
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def save(path: str | Path, state: dict, meta: dict) -> Path:
+    """Write this rank's ``state`` into the checkpoint directory ``path`` atomically (collective call)."""
+    path = Path(path)
+    rank, world = _rank_world()
+    with contextlib.ExitStack() as stack:
+        tmp = [stack.enter_context(atomic_dir(path)) if rank == 0 else None]
+        if world > 1:
+            dist.broadcast_object_list(tmp, src=0)
+        torch.save(state, tmp[0] / f"rank{rank:03d}.pt")
+        _barrier()
+        if rank == 0:
+            (tmp[0] / "meta.json").write_text(json.dumps({**meta, "world_size": world}, indent=1))
+    _barrier()
+    return path
+
+
+def load(path: str | Path) -> tuple[dict, dict]:
+    """This rank's state and the checkpoint's meta; a missing or mismatched checkpoint is a ``CheckpointError``."""
+    path = Path(path)
+    rank, world = _rank_world()
+    meta_file = path / "meta.json"
+    if not meta_file.is_file():
+        raise CheckpointError(f"{path}: not a checkpoint directory (no meta.json)")
+    meta = json.loads(meta_file.read_text())
+    if meta.get("world_size") != world:
+        raise CheckpointError(f"{path}: saved by {meta.get('world_size')} ranks, loading with {world}")
+    return torch.load(path / f"rank{rank:03d}.pt", weights_only=False), meta
+
+
+def gather_full(model: torch.nn.Module, swiglu: bool) -> dict[str, torch.Tensor]:
+    """Flat ``{name: full CPU tensor}`` of every tensor entry of ``model.state_dict()`` (collective under TP)."""
+    from megatron.core import parallel_state as ps
+
+    tp = ps.get_tensor_model_parallel_world_size()
+    params = dict(model.named_parameters())
+    out = {}
+    for name, value in model.state_dict().items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        p = params.get(name)
+        if tp > 1 and p is not None and getattr(p, "tensor_model_parallel", False):
+            shards = [torch.empty_like(value) for _ in range(tp)]
+            dist.all_gather(shards, value.contiguous(), group=ps.get_tensor_model_parallel_group())
+            if swiglu and name.endswith("mlp.linear_fc1.weight"):
+                halves = [s.chunk(2, dim=0) for s in shards]
+                shards = [h[0] for h in halves] + [h[1] for h in halves]
+            value = torch.cat(shards, dim=p.partition_dim)
+        out[name] = value.detach().to("cpu", copy=True)
+    return out

@@ -1,0 +1,61 @@
+"""Per-token policy-gradient losses over packed tree/flat rows.
+
+A token at row position ``i`` is predicted from the model output at ``parent[i]`` (the ``PackedBatch`` contract),
+so logprobs are gathered as ``log_softmax(logits[r, parent[r, i]])[input_ids[r, i]]`` for each trained position;
+a position with two children predicts both. Only trained positions reach ``log_softmax``.
+
+Losses, summed over trained tokens ``t`` with weight ``m_t`` (``loss_mask``) and normalised by ``Z``, the trained
+tokens of the whole step (the same in flat and tree mode)::
+
+    pg:   L = -Σ m_t · A_t · logp_t / Z
+    ppo:  L = -Σ m_t · min(ρ_t A_t, clip(ρ_t, 1-ε, 1+ε) A_t) / Z,   ρ_t = exp(logp_t - old_logprob_t)
+
+Invariants
+- The loss depends only on the set of (token, predicting context, weight, advantage) tuples, not on how rows
+  are packed: flat and tree packings of the same paths give the same loss and gradients.
+- With ``old_logprob`` equal to the current logprob (on-policy), ppo has the same gradient as pg.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def gather_logprobs(
+    logits: torch.Tensor, parent: torch.Tensor, targets: torch.Tensor, select: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """``(logp [N], entropy [N], (rows, cols))`` of the ``N`` positions where ``select`` is true."""
+    rows, cols = torch.nonzero(select, as_tuple=True)
+    src = parent[rows, cols]
+    logsm = torch.log_softmax(logits[rows, src].float(), dim=-1)  # [N, V]
+    logp = logsm.gather(1, targets[rows, cols].unsqueeze(1)).squeeze(1)
+    with torch.no_grad():
+        entropy = -(logsm.exp() * logsm).sum(-1)
+    return logp, entropy, (rows, cols)
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    advantage: torch.Tensor,
+    weight: torch.Tensor,
+    normalizer: float,
+    kind: str = "pg",
+    old_logprob: torch.Tensor | None = None,
+    clip_eps: float = 0.2,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Scalar loss (see module docstring) and detached statistics over the given tokens."""
+    stats: dict[str, float] = {}
+    if kind == "pg":
+        per_token = -advantage * logp
+    elif kind == "ppo":
+        if old_logprob is None:
+            raise ValueError("ppo loss needs old_logprob")
+        ratio = torch.exp(logp - old_logprob)
+        clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+        per_token = -torch.minimum(ratio * advantage, clipped * advantage)
+        with torch.no_grad():
+            w = weight.sum().clamp_min(1e-12)
+            stats["clip_frac"] = float(((ratio - clipped).abs() > 0).float().mul(weight).sum() / w)
+            stats["approx_kl"] = float(((old_logprob - logp) * weight).sum() / w)
+    else:
+        raise ValueError(f"unknown loss kind {kind!r}; expected 'pg' or 'ppo'")
+    return (per_token * weight).sum() / normalizer, stats

@@ -1,0 +1,125 @@
+"""The policy model: megatron-core ``GPTModel`` with the local layer spec, and the process set-up it needs.
+
+Invariants
+- ``build_model(cfg, seed)`` is deterministic: the same config and seed give bit-identical parameters, for any
+  tensor-parallel size (weights are initialised on the CPU as full master tensors, then split).
+- ``forward_logits`` returns full-vocabulary logits ``[b, s, V]`` (gathered across tensor-parallel ranks) and
+  honours the given ``position_ids`` for every position-embedding type offered (``mrope`` gets three identical
+  rows, which equals RoPE at those positions).
+- ``init_parallel`` initialises torch.distributed (gloo on the CPU, nccl on CUDA) and megatron's model-parallel
+  groups once per process; calling it again with the same geometry is a no-op, with another geometry an error.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from gyre_hpc.config import ModelConfig
+from gyre_hpc.train import cpu_compat
+
+
+def init_parallel(
+    world_size: int = 1, rank: int = 0, tensor_parallel: int = 1, master_port: int | None = None, seed: int = 0
+) -> None:
+    """Join a ``world_size`` process group over 127.0.0.1 and build megatron's groups (TP ``tensor_parallel``)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    cpu_compat.apply()
+    if ps.model_parallel_is_initialized():
+        have = (dist.get_world_size(), ps.get_tensor_model_parallel_world_size())
+        if have != (world_size, tensor_parallel):
+            raise RuntimeError(f"model parallel already initialised as (world, tp)={have}")
+        return
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if master_port is not None:
+            os.environ["MASTER_PORT"] = str(master_port)
+        elif world_size == 1:
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if torch.cuda.is_available():
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group(backend, world_size=world_size, rank=rank)
+    ps.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def transformer_config(cfg: ModelConfig):
+    """megatron's ``TransformerConfig`` for ``cfg`` (no dropout, no biases, fp32, CPU initialisation)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    head_dim = cfg.hidden // cfg.heads
+    half = head_dim // 2
+    mrope_section = [half - 2 * (half // 3), half // 3, half // 3]  # any split works: the three rows are equal
+    return TransformerConfig(
+        num_layers=cfg.layers,
+        hidden_size=cfg.hidden,
+        num_attention_heads=cfg.heads,
+        num_query_groups=cfg.kv_heads,
+        ffn_hidden_size=cfg.ffn,
+        normalization=cfg.normalization,
+        gated_linear_unit=cfg.swiglu,
+        activation_func=torch.nn.functional.silu if cfg.swiglu else torch.nn.functional.gelu,
+        add_bias_linear=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_cpu_initialization=True,
+        tensor_model_parallel_size=ps.get_tensor_model_parallel_world_size(),
+        mrope_section=mrope_section if cfg.position_embedding == "mrope" else None,
+    )
+
+
+@contextlib.contextmanager
+def quiet_megatron():
+    """Silence megatron-core's import/construction warnings (missing Apex/TE, deprecations we cannot act on)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module=r"megatron\.")
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
+        yield
+
+
+def build_model(cfg: ModelConfig, seed: int = 0) -> torch.nn.Module:
+    """A megatron-core ``GPTModel`` (local spec) on this process's device; starts a 1-process world if needed."""
+    with quiet_megatron():
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        init_parallel(seed=seed)
+        torch.manual_seed(seed)
+        model = GPTModel(
+            config=transformer_config(cfg),
+            transformer_layer_spec=get_gpt_layer_local_spec(normalization=cfg.normalization),
+            vocab_size=cfg.vocab_size,
+            max_sequence_length=cfg.max_seq_len,
+            position_embedding_type=cfg.position_embedding,
+            rotary_base=cfg.rotary_base,
+            share_embeddings_and_output_weights=cfg.tie_embeddings,
+        )
+    if torch.cuda.is_available():
+        model.cuda()
+    return model
+
+
+def forward_logits(
+    model: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """Full-vocabulary logits ``[b, s, V]``; ``attention_mask`` is bool ``[b, 1, s, s]``, True = masked."""
+    pos = position_ids
+    if getattr(model, "position_embedding_type", None) == "mrope":
+        pos = position_ids.unsqueeze(0).expand(3, -1, -1)
+    with quiet_megatron():
+        return model(input_ids, pos, attention_mask, labels=None, runtime_gather_output=True)

@@ -1,0 +1,173 @@
+"""The training step: ``PackedBatch`` rows (flat or tree) → loss → gradients → one optimizer step.
+
+One step sums the per-token loss of ``gyre_hpc.train.loss`` over all rows of the batch, normalised by the
+batch's trained tokens, accumulating gradients over micro-batches of ``train.micro_batch_rows`` rows; the
+global gradient norm is clipped to ``train.grad_clip``; then AdamW steps and the policy ``version`` grows by one.
+A burst (``Trainer.burst``) splits its rows, in order, into ``train.mu`` such steps.
+
+Invariants
+- Flat and tree packings of the same paths give the same loss and the same gradients (up to float rounding):
+  the normaliser is the whole batch's trained tokens, and the mask and position ids reproduce each path's
+  context exactly.
+- Micro-batching does not change the loss or the gradients (up to float rounding).
+- ``version`` counts optimizer steps; ``state_dict``/``load_state_dict`` and checkpoints round-trip model,
+  optimizer and version exactly.
+- A batch with token ids outside the vocabulary, positions beyond ``model.max_seq_len`` or no trained token
+  is refused with a ``TrajectoryError`` before any computation.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from gyre_hpc.config import ModelConfig, TrainConfig
+from gyre_hpc.errors import TrajectoryError
+from gyre_hpc.train import checkpoint
+from gyre_hpc.train.loss import gather_logprobs, policy_loss
+from gyre_hpc.train.model import build_model, forward_logits
+from gyre_hpc.trajectory.batch import FIELDS, PackedBatch
+from gyre_hpc.trajectory.collate import select_rows, to_tensors
+
+
+def split_rows(batch: PackedBatch, parts: int) -> list[PackedBatch]:
+    """``parts`` consecutive row groups of ``batch`` (in order; sizes differ by at most one)."""
+    R = batch.shape[0]
+    if parts > R:
+        raise TrajectoryError(f"cannot split a batch of {R} rows into {parts} optimizer steps (train.mu)")
+    bounds = np.linspace(0, R, parts + 1).round().astype(int)
+    names = FIELDS + ("lengths",)
+    return [
+        dataclasses.replace(batch, **{n: getattr(batch, n)[a:b] for n in names}) for a, b in zip(bounds, bounds[1:])
+    ]
+
+
+class Trainer:
+    """A megatron ``GPTModel`` with an AdamW optimizer that trains on ``PackedBatch`` objects."""
+
+    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, seed: int = 0):
+        if train_cfg.threads is not None:
+            torch.set_num_threads(train_cfg.threads)
+        self.model_cfg = model_cfg
+        self.cfg = train_cfg
+        self.model = build_model(model_cfg, seed)
+        self.device = next(self.model.parameters()).device
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=train_cfg.lr, betas=tuple(train_cfg.betas), weight_decay=train_cfg.weight_decay
+        )
+        self.version = 0
+
+    # ------------------------------------------------------------------------------------------ forward
+    def _check(self, batch: PackedBatch) -> None:
+        if batch.trained_tokens <= 0:
+            raise TrajectoryError(f"batch of shape {batch.shape} has no trained token (loss_mask is all zero)")
+        top = int(batch.input_ids.max(initial=0))
+        if top >= self.model_cfg.vocab_size or int(batch.input_ids.min(initial=0)) < 0:
+            raise TrajectoryError(f"token id {top} outside the vocabulary of model.vocab_size={self.model_cfg.vocab_size}")
+        deepest = int(batch.position_ids.max(initial=0))
+        if deepest >= self.model_cfg.max_seq_len:
+            raise TrajectoryError(f"position id {deepest} >= model.max_seq_len={self.model_cfg.max_seq_len}")
+
+    def _accumulate(self, batch: PackedBatch) -> dict[str, float]:
+        """Forward and backward over all micro-batches; gradients are left in ``.grad``."""
+        self._check(batch)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        t = to_tensors(batch, self.device)
+        Z = float(batch.loss_mask.sum())
+        R = batch.shape[0]
+        mb = self.cfg.micro_batch_rows or R
+        loss_sum, kept = 0.0, []
+        for a in range(0, R, mb):
+            m = select_rows(t, slice(a, a + mb))
+            select = m["loss_mask"] > 0
+            if not bool(select.any()):
+                continue
+            logits = forward_logits(self.model, m["input_ids"], m["position_ids"], m["attention_mask"])
+            logp, entropy, (r, c) = gather_logprobs(logits, m["parent"], m["input_ids"], select)
+            weight, old = m["loss_mask"][r, c], m["old_logprob"][r, c]
+            loss, _ = policy_loss(logp, m["advantage"][r, c], weight, Z, self.cfg.loss, old, self.cfg.clip_eps)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            kept.append((logp.detach(), entropy, weight, m["advantage"][r, c], old))
+        logp, entropy, weight, adv, old = (torch.cat(x) for x in zip(*kept))
+        _, stats = policy_loss(logp, adv, weight, Z, self.cfg.loss, old, self.cfg.clip_eps)
+        return {
+            "loss": loss_sum,
+            "trained_tokens": Z,
+            "tokens": float(batch.tokens),
+            "mean_logp": float((logp * weight).sum() / Z),
+            "entropy": float((entropy * weight).sum() / Z),
+            **stats,
+        }
+
+    def loss_and_grads(self, batch: PackedBatch) -> tuple[float, dict[str, torch.Tensor]]:
+        """The step's loss and a copy of every parameter gradient (no optimizer step)."""
+        metrics = self._accumulate(batch)
+        grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+        self.optimizer.zero_grad(set_to_none=True)
+        return metrics["loss"], grads
+
+    # -------------------------------------------------------------------------------------------- steps
+    def _grad_norm(self) -> float:
+        from megatron.core import parallel_state as ps
+
+        tp_rank = ps.get_tensor_model_parallel_rank()
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        for p in self.params:
+            if p.grad is not None and (getattr(p, "tensor_model_parallel", False) or tp_rank == 0):
+                sq += p.grad.detach().double().pow(2).sum()
+        if ps.get_tensor_model_parallel_world_size() > 1:
+            dist.all_reduce(sq, group=ps.get_tensor_model_parallel_group())
+        return math.sqrt(float(sq))
+
+    def step(self, batch: PackedBatch) -> dict[str, float]:
+        """Forward + backward + clip + one AdamW step; returns metrics (loss, tokens, logp, entropy, grad_norm)."""
+        t0 = time.perf_counter()
+        metrics = self._accumulate(batch)
+        norm = self._grad_norm()
+        if self.cfg.grad_clip is not None and norm > self.cfg.grad_clip:
+            scale = self.cfg.grad_clip / (norm + 1e-6)
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return {**metrics, "grad_norm": norm, "version": self.version, "step_time_s": time.perf_counter() - t0}
+
+    def burst(self, batch: PackedBatch) -> list[dict[str, float]]:
+        """``train.mu`` optimizer steps over the batch's rows, split in order."""
+        return [self.step(part) for part in split_rows(batch, self.cfg.mu)]
+
+    # -------------------------------------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "version": self.version}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"], strict=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """Flat ``{name: full CPU tensor}`` (tensor-parallel shards gathered): what a rollout engine pulls."""
+        return checkpoint.gather_full(self.model, self.model_cfg.swiglu)
+
+    def save_checkpoint(self, path: str | Path) -> Path:
+        """Write model, optimizer and version to the directory ``path`` atomically."""
+        from megatron.core import parallel_state as ps
+
+        meta = {"version": self.version, "tensor_parallel": ps.get_tensor_model_parallel_world_size()}
+        return checkpoint.save(path, self.state_dict(), meta)
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        state, _ = checkpoint.load(path)
+        self.load_state_dict(state)

@@ -1,0 +1,119 @@
+"""Tree-packed and flat rows of the same paths give the same loss, gradients and branch logits (real megatron)."""
+import numpy as np
+import pytest
+import torch
+
+from train_batches import fork_pair
+
+pytestmark = pytest.mark.megatron
+
+GROUPS = [(2, 5, [3, 4, 2], 1.0), (1, 6, [2, 5], -0.5), (3, 4, [6], 0.7)]
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def make_trainer():
+    from gyre_hpc.config import ModelConfig, TrainConfig
+    from gyre_hpc.train.step import Trainer
+
+    torch.set_num_threads(1)
+
+    def make(position_embedding="mrope", **train):
+        return Trainer(ModelConfig(position_embedding=position_embedding), TrainConfig(**train), seed=0)
+
+    return make
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def assert_same_loss_and_grads(trainer, a, b):
+    la, ga = trainer.loss_and_grads(a)
+    lb, gb = trainer.loss_and_grads(b)
+    assert abs(la - lb) <= TOL * abs(lb)
+    assert set(ga) == set(gb) == {n for n, _ in trainer.model.named_parameters()}
+    worst = max(rel(ga[n], gb[n]) for n in gb)
+    assert worst <= TOL, worst
+
+
+@pytest.mark.parametrize("position_embedding", ["mrope", "learned_absolute"])
+@pytest.mark.parametrize("loss", ["pg", "ppo"])
+def test_tree_and_flat_give_same_loss_and_gradients(make_trainer, position_embedding, loss):
+    tree, flat = fork_pair(GROUPS, seed=1, old_logprob=-5.0)
+    assert tree.trained_tokens == flat.trained_tokens and tree.tokens < flat.tokens
+    assert_same_loss_and_grads(make_trainer(position_embedding, loss=loss), tree, flat)
+
+
+def test_micro_batching_does_not_change_loss_or_gradients(make_trainer):
+    from gyre_hpc.config import TrainConfig
+
+    tree, _ = fork_pair(GROUPS, seed=2)
+    whole = make_trainer()
+    split = make_trainer(micro_batch_rows=1)
+    assert split.cfg == TrainConfig(micro_batch_rows=1)
+    la, ga = whole.loss_and_grads(tree)
+    lb, gb = split.loss_and_grads(tree)
+    assert abs(la - lb) <= TOL * abs(lb)
+    assert max(rel(ga[n], gb[n]) for n in gb) <= TOL
+
+
+def branch_logits(trainer, batch):
+    """Logits at each trained token's predicting position, keyed by (group path tokens up to that token)."""
+    from gyre_hpc.train.model import forward_logits
+    from gyre_hpc.trajectory.collate import to_tensors
+
+    t = to_tensors(batch)
+    with torch.no_grad():
+        logits = forward_logits(trainer.model, t["input_ids"], t["position_ids"], t["attention_mask"])
+    out = {}
+    for r in range(batch.shape[0]):
+        for i in range(int(batch.lengths[r])):
+            path, j = [], i
+            while j >= 0:
+                path.append(int(batch.input_ids[r, j]))
+                j = int(batch.parent[r, j])
+            out[tuple(reversed(path))] = logits[r, i]
+    return out
+
+
+@pytest.mark.parametrize("position_embedding", ["mrope", "learned_absolute"])
+def test_tree_row_logits_equal_separate_sequences(make_trainer, position_embedding):
+    trainer = make_trainer(position_embedding)
+    tree, flat = fork_pair(GROUPS, seed=3)
+    lt, lf = branch_logits(trainer, tree), branch_logits(trainer, flat)
+    assert set(lt) == set(lf) and len(lt) == tree.tokens
+    assert max(float((lt[k] - lf[k]).abs().max()) for k in lf) < 1e-5
+
+
+def test_a_causal_mask_on_the_tree_row_breaks_equality(make_trainer):
+    """The check above can fail: attending the sibling branches (plain causal mask) changes branch logits."""
+    from gyre_hpc.train.model import forward_logits
+    from gyre_hpc.trajectory.collate import to_tensors
+
+    trainer = make_trainer()
+    tree, flat = fork_pair(GROUPS, seed=3)
+    t = to_tensors(tree)
+    L = tree.shape[1]
+    causal = torch.triu(torch.ones(L, L, dtype=torch.bool), 1).expand(tree.shape[0], 1, L, L)
+    with torch.no_grad():
+        good = forward_logits(trainer.model, t["input_ids"], t["position_ids"], t["attention_mask"])
+        bad = forward_logits(trainer.model, t["input_ids"], t["position_ids"], causal)
+    second_branch = np.nonzero(tree.span_end[0] < tree.span_end[0, 0])[0][-1]  # a token of the last branch
+    assert float((good[0, second_branch] - bad[0, second_branch]).abs().max()) > 1e-3
+
+
+def test_tree_positions_matter_for_mrope(make_trainer):
+    """mrope honours position ids (plain rope would ignore them): depth-based positions change the logits."""
+    from gyre_hpc.train.model import forward_logits
+    from gyre_hpc.trajectory.collate import to_tensors
+
+    trainer = make_trainer("mrope")
+    tree, _ = fork_pair(GROUPS, seed=3)
+    t = to_tensors(tree)
+    linear = torch.arange(tree.shape[1]).expand_as(t["position_ids"])
+    assert not torch.equal(linear, t["position_ids"])
+    with torch.no_grad():
+        a = forward_logits(trainer.model, t["input_ids"], t["position_ids"], t["attention_mask"])
+        b = forward_logits(trainer.model, t["input_ids"], linear, t["attention_mask"])
+    assert float((a - b).abs().max()) > 1e-3
