@@ -233,6 +233,100 @@ class TransferConfig:
         require(self.host.strip() != "", "host", "must be an address, got an empty string")
 
 
+POLICY_NAMES = ("gyre", "colocate", "async", "async_streaming", "colocate_streaming")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The scheduling policy (pure decisions): when cells switch roles and how far generation runs ahead."""
+
+    policy: Literal["gyre", "colocate", "async", "async_streaming", "colocate_streaming"] = param(
+        "gyre", "Policy of a live run: gyre (elastic cells), colocate, async, or an ablation."
+    )
+    batch_groups: int = param(8, "B: groups (queries) per optimizer step.")
+    theta: float = param(0.5, "Gyre: a cell moves to training once ready groups stay >= theta * B for tau_s.")
+    tau_s: float = param(60.0, "Gyre: seconds the ready-group condition must hold before a cell moves.")
+    mu: int = param(1, "Optimizer steps per training burst (streaming policies); must match train.mu live.")
+    staleness_target: float = param(1.0, "E[d]: target mean per-token policy-version lag of trained tokens.")
+    staleness_gain: float = param(0.5, "Integral gain of the admission window (batches per unit of lag error).")
+    max_window_batches: float = param(8.0, "Admitted-but-untrained groups never exceed this many batches.")
+    max_staleness: int | None = param(None, "Hard bound: tokens with a larger lag are masked from the loss.")
+    async_train_cells: int = param(2, "Async policies: cells in the fixed training pool (the rest roll out).")
+    capacity_runs_per_cell: int = param(64, "Capacity model: unfinished runs one rollout cell absorbs.")
+    satellite_min_work_s: float = param(
+        300.0, "Gyre: a satellite joins only if the training backlog per training cell exceeds this (s)."
+    )
+
+    def check(self) -> None:
+        require(0.0 < self.theta <= 1.0, "theta", f"must be in (0, 1], got {self.theta}")
+        for key in ("batch_groups", "mu", "async_train_cells", "capacity_runs_per_cell"):
+            require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
+        for key in ("tau_s", "staleness_target", "staleness_gain", "satellite_min_work_s"):
+            require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
+        require(self.max_window_batches >= 1, "max_window_batches", f"must be >= 1, got {self.max_window_batches}")
+        require(self.max_staleness is None or self.max_staleness >= 0, "max_staleness",
+                f"must be >= 0 or null, got {self.max_staleness}")
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """Simulated agent runs: a parametric model (turns x per-turn cost) or a trace of a real job."""
+
+    trace: str | None = param(None, "JSONL trace of runs (docs/simulator.md); null = the parametric model.")
+    runs_per_query: int = param(8, "Runs per query (the group size); a trace gives its own groups.")
+    timeout_h: float = param(6.0, "Per-run wall-clock timeout in hours; partial work of a timed-out run is kept.")
+    turns_median: float = param(100.0, "Median number of turns of a run.")
+    query_sigma: float = param(0.5, "Lognormal sigma of the per-query factor on turns (query difficulty).")
+    run_sigma: float = param(0.3, "Lognormal sigma of run-to-run variation of turns within a query.")
+    stuck_query_frac: float = param(0.0, "Fraction of queries whose runs never finish (always hit the timeout).")
+    decode_tokens_per_turn: float = param(400.0, "Decode (output) tokens per turn.")
+    prefill_tokens_per_turn: float = param(3000.0, "New context tokens prefilled per turn (tool output, prompt).")
+    tool_s_per_turn: float = param(20.0, "Tool / environment seconds per turn (not slowed by engine load).")
+
+    def check(self) -> None:
+        require(self.runs_per_query >= 1, "runs_per_query", f"must be >= 1, got {self.runs_per_query}")
+        require(self.timeout_h > 0, "timeout_h", f"must be > 0, got {self.timeout_h}")
+        require(self.turns_median > 0, "turns_median", f"must be > 0, got {self.turns_median}")
+        for key in ("query_sigma", "run_sigma", "decode_tokens_per_turn", "prefill_tokens_per_turn",
+                    "tool_s_per_turn"):
+            require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
+        require(0.0 <= self.stuck_query_frac < 1.0, "stuck_query_frac", f"must be in [0, 1), got {self.stuck_query_frac}")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The simulator: which policies to compare, for how many steps, and the physics of a cell."""
+
+    policies: tuple[str, ...] = param(("gyre", "colocate", "async"), "Policies to simulate and compare.")
+    steps: int = param(48, "Optimizer steps to simulate; wall time is the time of the last step.")
+    decode_tok_s: float = param(30.0, "Per-request decode tokens/s of an unloaded engine.")
+    prefill_tok_s: float = param(5000.0, "Per-request prefill tokens/s of an unloaded engine.")
+    half_load: float = param(64.0, "Concurrent runs per cell at which per-request engine speed halves.")
+    kv_slots_per_cell: int = param(256, "Hard limit of concurrent runs per rollout cell (KV cache); more wait.")
+    train_tok_s_per_cell: float = param(50000.0, "Training tokens/s (forward+backward) of one cell.")
+    optimizer_s: float = param(30.0, "Seconds the core needs to apply one optimizer step.")
+    weight_bytes: float = param(1e9, "Bytes of the model weights a satellite pulls from the core.")
+    pull_bytes_per_s: float = param(1e9, "Bandwidth of one satellite's weight pull (bytes/s).")
+    to_train_s: float = param(8.52, "Seconds of a rollout->training switch (measured on the 122B model).")
+    to_rollout_s: float = param(3.46, "Seconds of a training->rollout switch (measured on the 122B model).")
+    kv_transfer_s: float = param(2.0, "Seconds to move a run to another cell with its KV blocks (RDMA).")
+    reprefill_tokens: float = param(60000.0, "Context tokens a paused run recomputes when its KV was dropped.")
+    max_events: int = param(50_000_000, "Safety stop: a simulation with more events is an error.")
+
+    def check(self) -> None:
+        require(len(self.policies) >= 1, "policies", "must name at least one policy")
+        for i, name in enumerate(self.policies):
+            require(name in POLICY_NAMES, f"policies[{i}]", f"{name!r} is not one of {', '.join(POLICY_NAMES)}")
+        require(len(set(self.policies)) == len(self.policies), "policies", "must not repeat a policy")
+        for key in ("steps", "kv_slots_per_cell", "max_events"):
+            require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
+        for key in ("decode_tok_s", "prefill_tok_s", "half_load", "train_tok_s_per_cell", "weight_bytes",
+                    "pull_bytes_per_s"):
+            require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
+        for key in ("optimizer_s", "to_train_s", "to_rollout_s", "kv_transfer_s", "reprefill_tokens"):
+            require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
+
+
 @dataclass(frozen=True)
 class GyreConfig:
     """The root: one section per component. Components receive their section, never this object."""
@@ -244,6 +338,9 @@ class GyreConfig:
     model: ModelConfig = param(ModelConfig(), "The policy model (megatron-core GPTModel).")
     train: TrainConfig = param(TrainConfig(), "The training step and optimizer.")
     transfer: TransferConfig = param(TransferConfig(), "Weight transfer between cells.")
+    scheduler: SchedulerConfig = param(SchedulerConfig(), "Scheduling policy (role switches, staleness).")
+    workload: WorkloadConfig = param(WorkloadConfig(), "Simulated agent workload (parametric or trace).")
+    sim: SimConfig = param(SimConfig(), "Simulator: compared policies, steps, cell physics.")
 
 
 # ----------------------------------------------------------------------------------------------- loader
