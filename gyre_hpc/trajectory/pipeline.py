@@ -22,14 +22,20 @@ Invariants
 """
 from __future__ import annotations
 
+import io
+import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
+
+import numpy as np
 
 from gyre_hpc.config import TrajectoryConfig
 from gyre_hpc.errors import TrajectoryError
 from gyre_hpc.trajectory.advantages import group_advantages
-from gyre_hpc.trajectory.batch import PackedBatch
+from gyre_hpc.io import atomic_write_bytes, atomic_write_text
+from gyre_hpc.trajectory.batch import FIELDS, PackedBatch
 from gyre_hpc.trajectory.branches import classify
 from gyre_hpc.trajectory.packing import RunItem, pack_flat, pack_tree
 from gyre_hpc.trajectory.records import RunStatus, TitoLog
@@ -151,3 +157,23 @@ def build_batch(log: TitoLog, cfg: TrajectoryConfig,
     p = plan(log, cfg)
     pack = pack_tree if mode == "tree" else pack_flat
     return pack(p.items, cfg.max_row_tokens), p.report
+
+
+def save_packed(out_dir: str | Path, batch: PackedBatch, report: BatchReport) -> Path:
+    """Write ``batch.npz`` (the PackedBatch arrays) and ``report.json`` into ``out_dir``, each atomically."""
+    out = Path(out_dir)
+    buf = io.BytesIO()
+    np.savez(buf, lengths=batch.lengths, **{k: getattr(batch, k) for k in FIELDS})
+    atomic_write_bytes(out / "batch.npz", buf.getvalue())
+    atomic_write_text(out / "report.json", json.dumps(report.to_dict(), indent=1) + "\n")
+    return out
+
+
+def load_packed(out_dir: str | Path) -> PackedBatch:
+    """Read back ``out_dir/batch.npz`` (validated)."""
+    path = Path(out_dir) / "batch.npz"
+    try:
+        with np.load(path) as z:
+            return PackedBatch(lengths=z["lengths"], **{k: z[k] for k in FIELDS}).validate()
+    except (OSError, KeyError, ValueError) as exc:
+        raise TrajectoryError(f"{path}: not a packed batch ({exc})") from None
