@@ -127,16 +127,21 @@ class Trainer:
             dist.all_reduce(sq, group=ps.get_tensor_model_parallel_group())
         return math.sqrt(float(sq))
 
-    def step(self, batch: PackedBatch) -> dict[str, float]:
-        """Forward + backward + clip + one AdamW step; returns metrics (loss, tokens, logp, entropy, grad_norm)."""
-        t0 = time.perf_counter()
-        metrics = self._accumulate(batch)
+    def clip_grads(self) -> float:
+        """Scale the gradients so their global norm is at most ``train.grad_clip``; returns the norm before."""
         norm = self._grad_norm()
         if self.cfg.grad_clip is not None and norm > self.cfg.grad_clip:
             scale = self.cfg.grad_clip / (norm + 1e-6)
             for p in self.params:
                 if p.grad is not None:
                     p.grad.mul_(scale)
+        return norm
+
+    def step(self, batch: PackedBatch) -> dict[str, float]:
+        """Forward + backward + clip + one AdamW step; returns metrics (loss, tokens, logp, entropy, grad_norm)."""
+        t0 = time.perf_counter()
+        metrics = self._accumulate(batch)
+        norm = self.clip_grads()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
@@ -153,7 +158,7 @@ class Trainer:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "version": self.version}
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"], strict=False)
+        self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
 
