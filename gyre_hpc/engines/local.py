@@ -40,7 +40,7 @@ from gyre_hpc.config import EngineConfig, load_config
 from gyre_hpc.engines import protocol as P
 from gyre_hpc.engines.scheduler import Scheduler
 from gyre_hpc.engines.weights import load_weights_dir
-from gyre_hpc.errors import EngineError, GyreError
+from gyre_hpc.errors import ConfigError, EngineError, GyreError
 
 ENGINE_VERSION = "gyre-local-1"
 HEALTH_TIMEOUT_S = 20.0
@@ -213,7 +213,8 @@ class LocalEngine:
         return {"engine": "local", "version": ENGINE_VERSION, "weight_version": self.s.version,
                 "max_running_requests": self.cfg.max_running_requests, "context_len": self.cfg.context_len,
                 "vocab_size": self.s.policy.vocab_size, "paused": self.s.paused, "num_running_reqs": running,
-                "num_waiting_reqs": waiting, "generated_tokens": self.s.generated_tokens}
+                "num_waiting_reqs": waiting, "generated_tokens": self.s.generated_tokens,
+                "forward_calls": self.s.forward_calls}
 
     async def loads(self):
         running, waiting, used = self.s.loads()
@@ -225,11 +226,12 @@ class LocalEngine:
 # ---------------------------------------------------------------------------------------------------- main
 def build_engine(config_path: str | None, overrides: list[str]) -> LocalEngine:
     """Load the config, build the megatron policy (and load ``engine.model_path``), wrap it in a ``LocalEngine``."""
-    from gyre_hpc.engines.policy import MegatronPolicy
-
     cfg = load_config(config_path, overrides)
     if cfg.engine.context_len > cfg.model.max_seq_len:
-        raise GyreError(f"engine.context_len={cfg.engine.context_len} exceeds model.max_seq_len={cfg.model.max_seq_len}")
+        raise ConfigError(f"engine.context_len: {cfg.engine.context_len} exceeds model.max_seq_len="
+                          f"{cfg.model.max_seq_len}")
+    from gyre_hpc.engines.policy import MegatronPolicy  # torch + megatron: seconds, so only after the checks
+
     policy = MegatronPolicy(cfg.model, seed=cfg.run.seed, threads=cfg.engine.torch_threads)
     engine_cfg = cfg.engine
     if engine_cfg.model_path is not None:

@@ -69,6 +69,7 @@ class Scheduler:
         self._work = asyncio.Event()
         self._seeds = np.random.SeedSequence(seed)
         self.generated_tokens = 0
+        self.forward_calls = 0
 
     # ------------------------------------------------------------------------------------------ requests
     def submit(self, req: GenerateRequest) -> asyncio.Future:
@@ -163,6 +164,7 @@ class Scheduler:
             if not batch:
                 return
             logits = await asyncio.to_thread(self.policy.next_token_logits, [r.tokens() for r in batch])
+            self.forward_calls += 1
             for r, row in zip(batch, logits):
                 if r.req.rid in self._active and self._active[r.req.rid] is r:
                     self._advance(r, row, version)

@@ -1,0 +1,144 @@
+"""Start and stop engine processes; a started engine is ready only once ``/health`` answers 200.
+
+``start_local_engine`` runs ``python -m gyre_hpc.engines.local`` with a config file holding exactly the sections
+the engine reads (``engine``, ``model``, ``run.seed``); ``start_engine`` picks the local engine or SGLang's
+``sglang.launch_server`` by ``engine.kind``.
+
+Invariants
+- ``start_*`` returns only a ready engine: it waits on ``/health`` up to ``engine.startup_timeout_s``; when the
+  process exits or the time runs out it stops the process and raises ``EngineError`` with the log's tail.
+- ``EngineHandle.stop()`` ends exactly the process it started, by PID: SIGTERM, then SIGKILL after a grace period.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from gyre_hpc.config import EngineConfig, GyreConfig, ModelConfig, RunConfig, to_dict
+from gyre_hpc.engines.client import EngineClient
+from gyre_hpc.errors import EngineError
+from gyre_hpc.io import atomic_write_text
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class EngineHandle:
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def client(self, **kwargs) -> EngineClient:
+        return EngineClient(self.url, **kwargs)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, grace_s: float = 10.0) -> int:
+        """SIGTERM the engine's PID, SIGKILL it after ``grace_s``; returns its exit status."""
+        if self.alive():
+            os.kill(self.pid, signal.SIGTERM)
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                os.kill(self.pid, signal.SIGKILL)
+                self.process.wait()
+        return self.process.returncode
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with EngineClient(self.url, connect_retries=0) as client:
+            while time.monotonic() < deadline:
+                if not self.alive():
+                    raise EngineError(f"engine at {self.url} exited with {self.process.returncode} before it was "
+                                      f"ready; log {self.log_path}:\n{self.log_tail()}")
+                if client.health(timeout=2.0):
+                    return
+                time.sleep(0.2)
+        self.stop()
+        raise EngineError(f"engine at {self.url} not ready after {timeout_s:.0f} s; log {self.log_path}:\n"
+                          f"{self.log_tail()}")
+
+    def __enter__(self) -> "EngineHandle":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _spawn(cmd: list[str], url: str, log_path: Path | None, timeout_s: float) -> EngineHandle:
+    if log_path is None:
+        fd, name = tempfile.mkstemp(prefix="gyre-engine-", suffix=".log")
+        os.close(fd)
+        log_path = Path(name)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    handle = EngineHandle(url, proc, Path(log_path))
+    handle.wait_ready(timeout_s)
+    return handle
+
+
+def start_local_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0, index: int = 0,
+                       port: int | None = None, log_path: str | Path | None = None,
+                       config_dir: str | Path | None = None) -> EngineHandle:
+    """Start the local engine on ``port`` (default ``engine.port_base + index``) and wait until it is healthy."""
+    port = port if port is not None else engine_cfg.port_base + index
+    cfg = GyreConfig(run=RunConfig(seed=seed), engine=engine_cfg, model=model_cfg)
+    data = {k: v for k, v in to_dict(cfg).items() if k in ("run", "engine", "model")}
+    config_dir = Path(config_dir) if config_dir is not None else Path(tempfile.mkdtemp(prefix="gyre-engine-"))
+    config_path = atomic_write_text(config_dir / f"engine-{port}.yaml", yaml.safe_dump(data, sort_keys=False))
+    cmd = [sys.executable, "-m", "gyre_hpc.engines.local", "--host", engine_cfg.host, "--port", str(port),
+           "--config", str(config_path)]
+    url = f"http://{engine_cfg.host}:{port}"
+    return _spawn(cmd, url, Path(log_path) if log_path else None, engine_cfg.startup_timeout_s)
+
+
+def sglang_command(engine_cfg: EngineConfig, port: int) -> list[str]:
+    """``sglang.launch_server`` for ``engine.model_path`` (an HF-format model directory), token ids in/out."""
+    if engine_cfg.model_path is None:
+        raise EngineError("engine.kind=sglang needs engine.model_path (an HF-format model directory)")
+    return [sys.executable, "-m", "sglang.launch_server", "--model-path", engine_cfg.model_path,
+            "--host", engine_cfg.host, "--port", str(port), "--skip-tokenizer-init",
+            "--max-running-requests", str(engine_cfg.max_running_requests),
+            "--context-length", str(engine_cfg.context_len),
+            "--weight-version", engine_cfg.initial_weight_version, *engine_cfg.sglang_args]
+
+
+def start_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0, index: int = 0,
+                 port: int | None = None, log_path: str | Path | None = None) -> EngineHandle:
+    """Start engine ``index`` of the kind ``engine.kind`` names."""
+    if engine_cfg.kind == "local":
+        return start_local_engine(engine_cfg, model_cfg, seed, index, port, log_path)
+    if importlib.util.find_spec("sglang") is None:
+        raise EngineError("engine.kind=sglang but the sglang package is not installed "
+                          "(see shared notes on running SGLang on a CPU-only machine)")
+    port = port if port is not None else engine_cfg.port_base + index
+    url = f"http://{engine_cfg.host}:{port}"
+    return _spawn(sglang_command(engine_cfg, port), url, Path(log_path) if log_path else None,
+                  engine_cfg.startup_timeout_s)
