@@ -219,31 +219,38 @@ def _parse_outcome(rec: dict, line: int) -> tuple[Outcome | None, list[str]]:
                    float(rec["t_end"]), rec.get("detail", ""), line), []
 
 
-def _cross_check(calls: list[Call], outcomes: list[Outcome]) -> list[tuple[int, str]]:
+def _header(rec: Any, line: int) -> tuple[int, str, str, str, str] | None:
+    """(line, type, run id, query id, call id) of a record whose ids are readable, for the cross checks."""
+    if not isinstance(rec, dict) or rec.get("type") not in ("call", "outcome"):
+        return None
+    ids = [rec.get(k, "") for k in ("run_id", "query_id", "call_id")]
+    return (line, rec["type"], *ids) if all(isinstance(i, str) for i in ids) and ids[0] else None
+
+
+def _cross_check(headers: list[tuple[int, str, str, str, str]]) -> list[tuple[int, str]]:
+    """Duplicate call ids and outcomes, query ids that disagree within a run, runs without an outcome."""
     problems = []
-    seen: dict[tuple[str, str], int] = {}
-    first: dict[str, Call] = {}
-    for c in calls:
-        key = (c.run_id, c.call_id)
-        if key in seen:
-            problems.append((c.line, f"duplicate call id {c.call_id} in run {c.run_id} (first at line {seen[key]})"))
-        seen.setdefault(key, c.line)
-        run0 = first.setdefault(c.run_id, c)
-        if c.query_id != run0.query_id:
-            problems.append((c.line, f"call {c.call_id}: query id {c.query_id} differs from run {c.run_id}'s "
-                                     f"{run0.query_id} (line {run0.line})"))
-    by_run: dict[str, Outcome] = {}
-    for o in outcomes:
-        if o.run_id in by_run:
-            problems.append((o.line, f"duplicate outcome for run {o.run_id} (first at line {by_run[o.run_id].line})"))
-            continue
-        by_run[o.run_id] = o
-        if o.run_id in first and first[o.run_id].query_id != o.query_id:
-            problems.append((o.line, f"outcome of run {o.run_id}: query id {o.query_id} differs from its calls' "
-                                     f"{first[o.run_id].query_id}"))
-    for run_id, c in first.items():
-        if run_id not in by_run:
-            problems.append((c.line, f"run {run_id} has calls but no outcome record (unfinished)"))
+    calls: dict[tuple[str, str], int] = {}
+    query: dict[str, tuple[str, int]] = {}
+    outcomes: dict[str, int] = {}
+    for line, kind, run, qid, cid in headers:
+        if kind == "call" and (run, cid) in calls:
+            problems.append((line, f"duplicate call id {cid} in run {run} (first at line {calls[run, cid]})"))
+        elif kind == "outcome" and run in outcomes:
+            problems.append((line, f"duplicate outcome for run {run} (first at line {outcomes[run]})"))
+        if kind == "call":
+            calls.setdefault((run, cid), line)
+        else:
+            outcomes.setdefault(run, line)
+        first_q, first_line = query.setdefault(run, (qid, line))
+        if qid != first_q:
+            problems.append((line, f"{kind} of run {run}: query id {qid} differs from {first_q} (line {first_line})"))
+    first_call: dict[str, int] = {}
+    for line, kind, run, _, _ in headers:
+        if kind == "call":
+            first_call.setdefault(run, line)
+    problems += [(line, f"run {run} has calls but no outcome record (unfinished)")
+                 for run, line in first_call.items() if run not in outcomes]
     return problems
 
 
@@ -254,7 +261,7 @@ def read_tito(path: str | Path, vocab_size: int | None = None) -> TitoLog:
         text = Path(path).read_text()
     except OSError as exc:
         raise TrajectoryError(f"{source}: cannot read TITO log ({exc.strerror})") from None
-    calls, outcomes, problems = [], [], []
+    calls, outcomes, problems, headers = [], [], [], []
     for line, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
@@ -263,6 +270,7 @@ def read_tito(path: str | Path, vocab_size: int | None = None) -> TitoLog:
         except json.JSONDecodeError as exc:
             problems.append((line, f"invalid JSON ({exc.msg} at column {exc.colno})"))
             continue
+        headers += [h for h in [_header(rec, line)] if h]
         kind = rec.get("type") if isinstance(rec, dict) else None
         if kind == "call":
             item, errs = _parse_call(rec, line, vocab_size)
@@ -273,7 +281,7 @@ def read_tito(path: str | Path, vocab_size: int | None = None) -> TitoLog:
         else:
             errs = [f"record type must be 'call' or 'outcome', got {kind!r}"]
         problems += [(line, e) for e in errs]
-    problems += _cross_check(calls, outcomes)
+    problems += _cross_check(headers)
     if problems:
         raise TitoFormatError(source, problems)
     return TitoLog(tuple(calls), tuple(outcomes), source)
