@@ -1,0 +1,96 @@
+"""Plain-data scheduling state that the simulator (virtual time) or the live allocator (wall clock) updates.
+
+The state holds facts, never decisions: cell roles, unfinished runs per cell, group counts, the training
+progress of the current burst, the policy version and the staleness bookkeeping. Policies read it; only
+the executor (simulator or live allocator) writes it, through the small methods below.
+
+Invariants
+- ``ready_since(x)`` is the earliest time since which the ready-group count has been >= x without
+  interruption, or None when it is below x now. It is kept in a monotone stack, so it costs O(1) amortized
+  per change and needs no clock.
+- ``unfinished_runs == sum(cell.runs) + parked_runs`` (runs on no cell are parked, waiting for a rollout cell).
+- ``burst_steps`` counts optimizer steps since training cells last went from none to some.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gyre_hpc.allocator.types import Role
+
+
+@dataclass
+class CellState:
+    """One cell: its role, the unfinished runs it serves, and when its role last changed."""
+
+    role: Role = Role.ROLLOUT
+    runs: int = 0
+    since: float = 0.0
+
+
+@dataclass
+class SchedState:
+    """Everything a policy may look at. All counts are of groups (queries) unless named ``runs``."""
+
+    cells: list[CellState]
+    core: int = 0
+    runs_per_query: int = 1
+    version: int = 0
+    steps_done: int = 0
+    admitted_queries: int = 0
+    inflight_groups: int = 0       # admitted, not all runs finished
+    ready_groups: int = 0          # all runs finished, not yet consumed by an optimizer step
+    unprocessed_groups: int = 0    # ready groups whose forward/backward has not run yet
+    backlog_work_s: float = 0.0    # cell-seconds of training work in the unprocessed ready groups
+    step_groups: int = 0           # groups processed toward the current optimizer step
+    burst_steps: int = 0           # optimizer steps since the training side last (re)started
+    optimizing: bool = False       # an optimizer step is being applied on the core
+    parked_runs: int = 0           # unfinished runs on no cell (no rollout cell had room, or paused)
+    trained_batches: int = 0
+    lag_sum: float = 0.0           # sum over trained batches of the batch's mean per-token lag
+    _ready_stack: list[tuple[float, int]] = field(default_factory=lambda: [(0.0, 0)])
+
+    # ------------------------------------------------------------------ queries used by policies
+    @property
+    def unfinished_runs(self) -> int:
+        return sum(c.runs for c in self.cells) + self.parked_runs
+
+    def cells_in(self, *roles: Role) -> list[int]:
+        return [i for i, c in enumerate(self.cells) if c.role in roles]
+
+    @property
+    def in_transition(self) -> bool:
+        return any(c.role.transition for c in self.cells)
+
+    @property
+    def training_cells(self) -> list[int]:
+        return self.cells_in(Role.TRAIN)
+
+    def ready_since(self, threshold: float) -> float | None:
+        """Earliest time since which ready_groups >= threshold continuously; None if below now."""
+        if self.ready_groups < threshold:
+            return None
+        for t, count in self._ready_stack:
+            if count >= threshold:
+                return t
+        return None  # unreachable: the top of the stack is the current count
+
+    # ------------------------------------------------------------------ updates by the executor
+    def set_ready(self, count: int, now: float) -> None:
+        """Record that ready_groups became ``count`` at ``now`` (keeps the monotone stack)."""
+        stack = self._ready_stack
+        while stack and stack[-1][1] > count:
+            stack.pop()
+        if not stack or stack[-1][1] < count:
+            stack.append((now, count))
+        self.ready_groups = count
+
+    def set_role(self, cell: int, role: Role, now: float) -> None:
+        had_training = bool(self.training_cells)
+        self.cells[cell].role = role
+        self.cells[cell].since = now
+        if role is Role.TRAIN and not had_training:
+            self.burst_steps = 0
+
+    def record_batch_lag(self, mean_lag: float) -> None:
+        self.trained_batches += 1
+        self.lag_sum += mean_lag

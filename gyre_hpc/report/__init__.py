@@ -1,0 +1,1 @@
+"""Plots and tables (edge modules: matplotlib is imported here, never in the core)."""

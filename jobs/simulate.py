@@ -1,0 +1,74 @@
+"""``gyre simulate``: predict wall time, idle fractions and staleness of scheduling policies."""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from gyre_hpc.allocator.sim.compare import compare
+from gyre_hpc.allocator.sim.sweep import parse_axes, run_grid, write_tables
+from gyre_hpc.config import load_config
+
+DESCRIPTION = """\
+Simulate the configured policies (sim.policies) on one workload in virtual time and compare them:
+wall hours for sim.steps optimizer steps, speedups, training/rollout idle fractions, staleness, and the
+query-duration distribution. The model and every parameter are explained in docs/simulator.md.
+
+Examples:
+  gyre simulate configs/sim/paper_2p4t.yaml
+  gyre simulate configs/sim/paper_2p4t.yaml --json
+  gyre simulate configs/sim/paper_2p4t.yaml --plot runs/plots
+  gyre simulate configs/sim/paper_2p4t.yaml --set workload.stuck_query_frac=0 --set cluster.cells=8
+  gyre simulate configs/sim/small.yaml --sweep cluster.cells=2,4,8 --sweep scheduler.theta=0.25,0.5 --out runs/sw
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="YAML config (e.g. configs/sim/paper_2p4t.yaml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set scheduler.theta=0.25 (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--plot", metavar="DIR", help="write PNG plots (role timelines, query durations, staleness)")
+    p.add_argument("--sweep", action="append", default=[], metavar="KEY=A,B,C",
+                   help="run a grid over these values (repeatable); writes sweep.csv and sweep.md")
+    p.add_argument("--out", metavar="DIR", help="sweep output directory (default runs/sim-sweep-<time>)")
+
+
+def _table(result: dict) -> str:
+    pol = result["policies"]
+    lines = [f"{'policy':<20} {'hours':>8} {'gyre x':>7} {'train idle':>10} {'roll idle':>9} "
+             f"{'E[d] tok':>8} {'E[d] run':>8} {'p50':>4} {'p99':>4} {'max':>4}"]
+    for name, r in pol.items():
+        speed = pol["gyre"]["hours"] and r["hours"] / pol["gyre"]["hours"] if "gyre" in pol else float("nan")
+        lines.append(f"{name:<20} {r['hours']:>8.2f} {speed:>7.2f} {r['train_idle_frac']:>10.1%} "
+                     f"{r['rollout_idle_frac']:>9.1%} {r['staleness_mean']:>8.2f} {r['staleness_sample_mean']:>8.2f} "
+                     f"{r['staleness_p50']:>4.0f} {r['staleness_p99']:>4.0f} {r['staleness_max']:>4.0f}")
+    w = result["workload"]
+    lines.append(f"\nworkload (durations under {w['source_policy']}): {w['frac_queries_ge_4h']:.1%} of queries "
+                 f">= 4 h, {w['frac_queries_hit_timeout']:.1%} hit the {w['timeout_h']:g} h timeout, "
+                 f"{w['frac_queries_within_5pct_of_timeout']:.1%} within 5% of it; mean query "
+                 f"{w['query_hours_mean']:.2f} h; {w['tokens_per_run_mean']:,.0f} trained tokens per run")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.sweep:
+        axes = parse_axes(args.sweep)
+        rows = run_grid(args.config, args.overrides, axes, compare)
+        out = Path(args.out or f"runs/sim-sweep-{time.strftime('%Y%m%d-%H%M%S')}")
+        csv_path, md_path = write_tables(rows, out)
+        print(json.dumps(rows) if args.json else md_path.read_text(), end="" if not args.json else "\n")
+        if not args.json:
+            print(f"wrote {csv_path} and {md_path}")
+        return 0
+    cfg = load_config(args.config, args.overrides)
+    result, sims = compare(cfg)
+    if args.plot:
+        from gyre_hpc.report.sim_plots import write_all  # matplotlib only when plotting
+
+        paths = write_all(sims, cfg.workload.timeout_h * 3600.0, Path(args.plot))
+        if not args.json:
+            print("plots: " + ", ".join(str(p) for p in paths))
+    print(json.dumps(result, indent=None if args.json else 2) if args.json else _table(result))
+    return 0
