@@ -173,6 +173,29 @@ def test_concurrent_requests_share_forward_passes_and_match_solo_runs(client, en
     assert calls < 8 * 24 // 2, f"{calls} forward passes for 8 x 24 tokens: requests were not batched"
 
 
+def test_output_is_capped_by_the_context_length(client):
+    prompt = [1] * (ENGINE.context_len - 6)
+    res = client.generate(prompt, {"max_new_tokens": 20})
+    assert res.finish_reason == "length" and len(res.output_ids) == 6
+
+
+def test_at_most_max_running_requests_run_and_the_rest_wait(client):
+    client.pause("in_place")
+    n = ENGINE.max_running_requests + 2
+    bgs = [_Background(client, input_ids=PROMPT, sampling_params={"max_new_tokens": 50}) for _ in range(n)]
+    try:
+        _wait(lambda: client.loads().waiting == n)
+        before = _generated(client)
+        client.resume()
+        _wait(lambda: _generated(client) > before)
+        client.pause("in_place")
+        load = client.loads()
+        assert (load.running, load.waiting) == (ENGINE.max_running_requests, 2)
+    finally:
+        client.resume()
+    assert all(len(b.join().output_ids) == 50 for b in bgs)
+
+
 # ------------------------------------------------------------------------------------- abort / pause modes
 def test_abort_returns_partial_output_with_abort_reason(client):
     bg = _start_and_hold(client, "to-abort")
