@@ -72,7 +72,7 @@ def report(res: dict[str, list[float]], args: argparse.Namespace, model: ModelCo
         f"| 1 request (baseline) | {single:.0f} | {runs(res['single'])} | 1.00 |",
         f"| {args.concurrency} concurrent | {conc:.0f} | {runs(res['concurrent'])} | {conc / single:.2f} |",
         "",
-    ])
+    ]) + "\n"
 
 
 def main() -> None:
