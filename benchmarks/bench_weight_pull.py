@@ -5,7 +5,8 @@ Every backend pulls the same synthetic float32 weights (same seed, same size) th
 live in a spawned process (as the core cell would); the in-process publisher shares the puller's process.
 Repeats are interleaved (run r of every backend before run r+1) so background load hits all backends alike.
 One warm-up pull per backend (session handshake) is not counted. Reported: medians of wire GB/s (data +
-header reads) and end-to-end GB/s (wire + checksum verification), and ratios against the socket baseline.
+header reads) and end-to-end GB/s (wire + checksum verification), and ratios against the socket baseline;
+then the speed of each manifest checksum over the same number of bytes, against zlib crc32.
 
     python benchmarks/bench_weight_pull.py --sizes-mib 64 256 --repeats 7
 """
@@ -17,9 +18,13 @@ import datetime
 import platform
 import statistics
 import sys
+import time
+
+import numpy as np
 
 from gyre_hpc.config import TransferConfig
 from gyre_hpc.transfer import make_publisher, make_puller
+from gyre_hpc.transfer.manifest import CHECKSUMS, chunk_digests
 from gyre_hpc.transfer.process import PublisherProcess, synthetic_weights
 
 BACKENDS = ("mooncake", "socket", "inprocess")
@@ -72,6 +77,20 @@ def report(size_mib: int, results: dict, repeats: int) -> list[str]:
     return rows
 
 
+def checksum_rows(size_mib: int, repeats: int, chunk_bytes: int) -> list[str]:
+    """GB/s of each checksum over the same bytes (one core), ratio against zlib crc32."""
+    data = np.random.default_rng(0).integers(0, 256, size_mib << 20, dtype=np.uint8)
+    speed = {}
+    for algorithm in CHECKSUMS:
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            chunk_digests(data, algorithm, chunk_bytes)
+            times.append(time.perf_counter() - start)
+        speed[algorithm] = len(data) / statistics.median(times) / 1e9
+    return [f"| {size_mib} MiB | {a} | {speed[a]:.2f} | {speed[a] / speed['crc32']:.2f} |" for a in CHECKSUMS]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[64, 256])
@@ -88,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     for size in args.sizes_mib:
         for row in report(size, measure(size, args.repeats, base), args.repeats):
             print(row, flush=True)
+    print(f"\n| size | checksum ({base.checksum_chunk_bytes >> 20} MiB chunks) | GB/s (median) | ratio vs crc32 |")
+    print("|---|---|---|---|")
+    for row in checksum_rows(max(args.sizes_mib), args.repeats, base.checksum_chunk_bytes):
+        print(row, flush=True)
     return 0
 
 
