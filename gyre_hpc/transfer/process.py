@@ -59,7 +59,11 @@ class PublisherProcess:
         self.process = ctx.Process(target=_serve, args=(cfg, child), daemon=True, name="gyre-publisher")
         self.process.start()
         child.close()
-        self.location = self._reply("ready")
+        try:
+            self.location = self._reply("ready")
+        except TransferError:
+            self.close()
+            raise
 
     def publish(self, version: int, nbytes: int, seed: int = 0) -> WeightDescriptor:
         self._conn.send(("publish", version, nbytes, seed))
