@@ -2,6 +2,8 @@
 import dataclasses
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -146,3 +148,12 @@ def test_publisher_process_stops_when_the_block_ends():
     with PublisherProcess(CFG) as proc:
         assert proc.publish(version=1, nbytes=1 << 10, seed=0).location == proc.location
     assert not proc.process.is_alive() and proc.process.exitcode == 0
+
+
+def test_weight_pull_benchmark_runs_and_checks_its_bytes():
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_weight_pull.py"
+    out = subprocess.run([sys.executable, str(script), "--sizes-mib", "1", "--repeats", "1", "--chunk-mib", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| 1 MiB |")]
+    assert [row.split("|")[2].strip() for row in rows] == ["mooncake", "socket", "inprocess", "xxh3_64", "crc32"]
