@@ -61,26 +61,42 @@ def _tree_segment(t: TreeArrays, advantage: float) -> Segment:
     return Segment(t.tokens, t.depth, t.parent, t.span_end, t.generated, advantage, t.logprob, t.version)
 
 
+_PAD = dict(input_ids=0, position_ids=0, parent=-1, loss_mask=0.0, advantage=0.0, old_logprob=0.0, version=-1)
+_DTYPE = dict(input_ids=np.int64, position_ids=np.int64, parent=np.int64, span_end=np.int64,
+              loss_mask=np.float32, advantage=np.float32, old_logprob=np.float32, version=np.int64)
+
+
+def _fill(b: dict[str, np.ndarray], r: int, sl: slice, s: Segment) -> None:
+    b["input_ids"][r, sl] = s.tokens
+    b["position_ids"][r, sl] = s.position
+    parent, span_end = b["parent"][r, sl], b["span_end"][r, sl]
+    parent[:] = s.parent
+    span_end[:] = s.span_end
+    if sl.start:  # shift row-local indices; roots stay -1
+        roots = np.flatnonzero(s.parent < 0)
+        parent += sl.start
+        parent[roots] = -1
+        span_end += sl.start
+    loss = b["loss_mask"][r, sl]
+    loss[:] = s.loss
+    np.multiply(loss, np.float32(s.advantage), out=b["advantage"][r, sl])
+    b["old_logprob"][r, sl] = s.logprob
+    b["version"][r, sl] = s.version
+
+
 def _assemble(rows: list[list[Segment]]) -> PackedBatch:
+    """Rows of segments → padded [R, L] arrays (padding: see ``_PAD``; span_end of padding = its position)."""
     lengths = np.array([sum(len(s.tokens) for s in row) for row in rows], np.int64)
     R, L = len(rows), int(lengths.max()) if rows else 0
-    b = dict(input_ids=np.zeros((R, L), np.int64), position_ids=np.zeros((R, L), np.int64),
-             parent=np.full((R, L), -1, np.int64), span_end=np.tile(np.arange(L, dtype=np.int64), (R, 1)),
-             loss_mask=np.zeros((R, L), np.float32), advantage=np.zeros((R, L), np.float32),
-             old_logprob=np.zeros((R, L), np.float32), version=np.full((R, L), -1, np.int64))
+    b = {k: np.empty((R, L), dt) for k, dt in _DTYPE.items()}
     for r, row in enumerate(rows):
         base = 0
         for s in row:
-            sl = slice(base, base + len(s.tokens))
-            b["input_ids"][r, sl] = s.tokens
-            b["position_ids"][r, sl] = s.position
-            b["parent"][r, sl] = np.where(s.parent >= 0, s.parent + base, -1)
-            b["span_end"][r, sl] = s.span_end + base
-            b["loss_mask"][r, sl] = s.loss
-            b["advantage"][r, sl] = np.where(s.loss, s.advantage, 0.0)
-            b["old_logprob"][r, sl] = s.logprob
-            b["version"][r, sl] = s.version
-            base = sl.stop
+            _fill(b, r, slice(base, base + len(s.tokens)), s)
+            base += len(s.tokens)
+        for k, v in _PAD.items():
+            b[k][r, base:] = v
+        b["span_end"][r, base:] = np.arange(base, L)
     return PackedBatch(lengths=lengths, **b)
 
 

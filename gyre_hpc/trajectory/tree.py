@@ -21,9 +21,9 @@ Invariants
 - Arrays are in pre-order: ``parent[i] < i``, ``depth[i] == depth[parent[i]] + 1``, and the subtree of ``i`` is
   exactly the positions ``i..span_end[i]``.
 
-Method (no per-token Python loop): sort the call sequences lexicographically (as big-endian bytes), take the
-longest common prefix (LCP) of sorted neighbours with one vectorised comparison each; leaf ``k`` then adds the
-nodes ``seq_k[lcp_k:]`` and the concatenation is the pre-order. Parents of branch starts and subtree ends come
+Method (no per-token Python loop): sort the call sequences lexicographically with the LCP of sorted neighbours
+(``lexsort``: vectorised block comparisons, sequences read in place); leaf ``k`` then adds the nodes
+``seq_k[lcp_k:]`` and the concatenation is the pre-order. Parents of branch starts and subtree ends come
 from two monotonic stacks over the leaves (one entry per leaf, not per token), filled in with slices.
 """
 from __future__ import annotations
@@ -35,6 +35,7 @@ import numpy as np
 
 from gyre_hpc.errors import TrajectoryError
 from gyre_hpc.trajectory.records import Call
+from gyre_hpc.trajectory.lexsort import Seqs, sort_with_lcp
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,11 +43,11 @@ class TreeArrays:
     """A pre-order serialized token forest (see the module docstring for the invariants)."""
 
     tokens: np.ndarray  # int64 [N]
-    depth: np.ndarray  # int64 [N]
-    parent: np.ndarray  # int64 [N], -1 for roots
-    span_end: np.ndarray  # int64 [N]
+    depth: np.ndarray  # int32 [N]
+    parent: np.ndarray  # int32 [N], -1 for roots
+    span_end: np.ndarray  # int32 [N]
     generated: np.ndarray  # bool [N]
-    logprob: np.ndarray  # float64 [N], 0 where not generated
+    logprob: np.ndarray  # float32 [N], 0 where not generated
     version: np.ndarray  # int64 [N], -1 where not generated
 
     def __len__(self) -> int:
@@ -56,7 +57,7 @@ class TreeArrays:
 @dataclass(frozen=True, eq=False)
 class RunTree:
     nodes: TreeArrays
-    gen_call: np.ndarray  # int64 [N]: file index of the call that generated the node, -1 if none
+    gen_call: np.ndarray  # int32 [N]: file index of the call that generated the node, -1 if none
     leaf_call: np.ndarray  # int64 [S]: file index of the call whose sequence is leaf i (leaves in sorted order)
     leaf_len: np.ndarray  # int64 [S]: path length of leaf i
     leaf_pieces: tuple[np.ndarray, ...]  # per leaf, rows (start_depth, node_offset) of its contiguous node runs
@@ -105,14 +106,6 @@ class RunTree:
                           new[t.span_end[idx]], t.generated[idx], t.logprob[idx], t.version[idx])
 
 
-def lcp(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the longest common prefix of two id arrays (vectorised)."""
-    n = min(len(a), len(b))
-    neq = a[:n] != b[:n]
-    i = int(neq.argmax()) if n else 0
-    return i if n and neq[i] else n
-
-
 def _branch_parents(leaf_lcp: np.ndarray, leaf_offset: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     """Left-to-right stack: the parent node of each leaf's first new node, and each leaf's path pieces."""
     parents = np.full(len(leaf_lcp), -1, np.int64)
@@ -132,7 +125,7 @@ def _branch_parents(leaf_lcp: np.ndarray, leaf_offset: np.ndarray) -> tuple[np.n
 def _span_ends(leaf_lcp: np.ndarray, leaf_len: np.ndarray, leaf_offset: np.ndarray, n: int) -> np.ndarray:
     """Right-to-left stack: a node at depth d of leaf i's new part ends its subtree just before the first later
     leaf that branches at depth <= d (or at the end)."""
-    span_end = np.empty(n, np.int64)
+    span_end = np.empty(n, np.int32)
     stack: list[tuple[int, int]] = []  # (lcp, offset) of later leaves, lcp increasing towards the top
     for l_i, hi, off in zip(leaf_lcp[::-1].tolist(), leaf_len[::-1].tolist(), leaf_offset[::-1].tolist()):
         base = off - l_i  # node index = base + depth
@@ -153,17 +146,13 @@ def build_tree(calls: Sequence[Call]) -> RunTree:
     """The prefix tree of one run's calls (in file order)."""
     if not calls:
         raise TrajectoryError("build_tree: a run without calls has no tree")
-    seqs = [c.sequence for c in calls]
-    call_len = np.array([len(s) for s in seqs], np.int64)
-    call_in_len = np.array([len(c.input_ids) for c in calls], np.int64)
+    seqs = Seqs([c.input_ids for c in calls], [c.output_ids for c in calls])
+    call_len = np.array(seqs.length, np.int64)
+    call_in_len = np.array(seqs.n_in, np.int64)
     if call_in_len.min() == 0:
         bad = calls[int(call_in_len.argmin())]
         raise TrajectoryError(f"call {bad.call_id} of run {bad.run_id} (line {bad.line}) has an empty input")
-    keys = [s.astype(">u8").tobytes() for s in seqs]
-    order = np.array(sorted(range(len(seqs)), key=keys.__getitem__), np.int64)
-    sorted_lcp = np.zeros(len(seqs), np.int64)
-    for k in range(1, len(seqs)):
-        sorted_lcp[k] = lcp(seqs[order[k - 1]], seqs[order[k]])
+    order, sorted_lcp = sort_with_lcp(seqs)
     sorted_len = call_len[order]
     leaf_pos = np.flatnonzero(np.append(sorted_lcp[1:] < sorted_len[:-1], True))
     leaf_lcp = np.zeros(len(leaf_pos), np.int64)
@@ -173,9 +162,13 @@ def build_tree(calls: Sequence[Call]) -> RunTree:
     seg_len = leaf_len - leaf_lcp
     leaf_offset = np.concatenate([[0], np.cumsum(seg_len)[:-1]]).astype(np.int64)
     n = int(seg_len.sum())
-    tokens = np.concatenate([seqs[c][l:] for c, l in zip(leaf_call.tolist(), leaf_lcp.tolist())])
-    depth = np.arange(n, dtype=np.int64) - np.repeat(leaf_offset - leaf_lcp, seg_len)
-    parent = np.arange(-1, n - 1, dtype=np.int64)
+    tokens = np.empty(n, np.int64)
+    for c, l, off, k in zip(leaf_call.tolist(), leaf_lcp.tolist(), leaf_offset.tolist(), seg_len.tolist()):
+        seqs.copy_into(c, l, tokens[off:off + k])
+    depth = np.arange(n, dtype=np.int32)
+    for off, k, shift in zip(leaf_offset.tolist(), seg_len.tolist(), (leaf_offset - leaf_lcp).tolist()):
+        depth[off:off + k] -= shift
+    parent = np.arange(-1, n - 1, dtype=np.int32)
     seg_parent, pieces = _branch_parents(leaf_lcp, leaf_offset)
     parent[leaf_offset] = seg_parent
     call_leaf = np.empty(len(seqs), np.int64)
@@ -185,8 +178,8 @@ def build_tree(calls: Sequence[Call]) -> RunTree:
     call_rank = np.empty(len(seqs), np.int64)
     call_rank[order] = np.arange(len(seqs))
     empty = TreeArrays(tokens, depth, parent, _span_ends(leaf_lcp, leaf_len, leaf_offset, n),
-                       np.zeros(n, bool), np.zeros(n, np.float64), np.full(n, -1, np.int64))
-    tree = RunTree(empty, np.full(n, -1, np.int64), leaf_call, leaf_len, tuple(pieces), leaf_last, call_leaf,
+                       np.zeros(n, bool), np.zeros(n, np.float32), np.full(n, -1, np.int64))
+    tree = RunTree(empty, np.full(n, -1, np.int32), leaf_call, leaf_len, tuple(pieces), leaf_last, call_leaf,
                    call_rank, sorted_lcp, call_len, call_in_len)
     _mark_generated(tree, calls)
     return tree
@@ -200,6 +193,6 @@ def _mark_generated(tree: RunTree, calls: Sequence[Call]) -> None:
         for node, d, k in tree.pieces(int(tree.call_leaf[c]), n_in, int(tree.call_len[c])):
             o = d - n_in
             tree.gen_call[node:node + k] = c
+            t.generated[node:node + k] = True
             t.logprob[node:node + k] = calls[c].output_logprobs[o:o + k]
             t.version[node:node + k] = calls[c].output_versions[o:o + k]
-    t.generated[:] = tree.gen_call >= 0
