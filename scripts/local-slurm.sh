@@ -134,9 +134,10 @@ make_links() {
     else say "warning: $SACCT_LINK exists and is not ours; use: eval \"\$($0 env)\""; fi
 }
 
-remove_links() {
-    local l
-    for l in "$CONF_LINK" "$SACCT_LINK"; do [[ -L "$l" ]] && ours "$l" && rm -f "$l"; done
+remove_links() {  # only the links of this cluster (the config link points at this $CONF)
+    [[ "$LINKS" == 1 && -L "$CONF_LINK" && "$(readlink "$CONF_LINK")" == "$CONF" ]] || return 0
+    rm -f "$CONF_LINK"
+    [[ -L "$SACCT_LINK" ]] && ours "$SACCT_LINK" && rm -f "$SACCT_LINK"
     return 0
 }
 
@@ -146,6 +147,8 @@ start_munge() {
     dd if=/dev/urandom of="$DIR/munge/munge.key" bs=1024 count=1 status=none
     chmod 755 "$DIR/munge" && chmod 400 "$DIR/munge/munge.key"
     chown -R munge:munge "$DIR/munge"
+    runuser -u munge -- test -x "$DIR/munge" \
+        || die "the munge user cannot reach $DIR/munge: every parent directory of GYRE_SLURM_DIR must be o+x"
     runuser -u munge -- /usr/sbin/munged --key-file="$DIR/munge/munge.key" --socket="$DIR/munge/munge.socket.2" \
         --pid-file="$DIR/munge/munged.pid" --log-file="$DIR/munge/munged.log" --seed-file="$DIR/munge/munged.seed" \
         || die "munged failed; see $DIR/munge/munged.log"

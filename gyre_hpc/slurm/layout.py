@@ -16,7 +16,8 @@ One control world::
     srun --ntasks=1+K --distribution=arbitrary --nodelist=n1,n1,n3,... --overlap --overcommit --mpi=pmix
     (Layout.control_srun_args())
 
-and each cell's workers as its own concurrent step: ``srun --nodelist=n3,n4 --nodes=2 --exact`` (``cell_srun_args``).
+and each cell's workers as its own concurrent step: ``srun --nodelist=n3,n4 --nodes=2 --ntasks=2
+--ntasks-per-node=1 --exact`` (``cell_srun_args``).
 Outside SLURM (``mpirun -n 1+K`` on one machine) the cells get virtual node names from ``local_nodes``.
 
 Invariants (a violation is a ``LayoutError`` naming the key that does not fit and how to fix it)
@@ -94,9 +95,12 @@ class Layout:
                 f"--nodelist={','.join(self.rank_nodes)}", "--overlap", "--overcommit", "--mpi=pmix"]
 
     @staticmethod
-    def cell_srun_args(cell: Cell) -> list[str]:
-        """srun flags for a step confined to one cell, running beside the other cells' steps."""
-        return [f"--nodelist={cell.nodelist}", f"--nodes={len(cell.nodes)}", "--exact"]
+    def cell_srun_args(cell: Cell, tasks_per_node: int = 1) -> list[str]:
+        """srun flags for a step confined to one cell, running beside the other cells' steps (explicit task
+        counts: inside a batch script srun would otherwise inherit the job's ``SLURM_NTASKS``)."""
+        n = len(cell.nodes)
+        return [f"--nodelist={cell.nodelist}", f"--nodes={n}", f"--ntasks={n * tasks_per_node}",
+                f"--ntasks-per-node={tasks_per_node}", "--exact"]
 
     def placement_from_env(self, env: SlurmEnv) -> Placement:
         """This rank's placement, after checking that it was launched as ``control_srun_args`` says."""

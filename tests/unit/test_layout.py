@@ -37,7 +37,9 @@ def test_srun_arguments_place_every_rank_and_confine_cell_steps():
     layout = plan(cluster(), N4)
     assert layout.control_srun_args() == [
         "--ntasks=3", "--distribution=arbitrary", "--nodelist=n1,n1,n3", "--overlap", "--overcommit", "--mpi=pmix"]
-    assert layout.cell_srun_args(layout.cells[1]) == ["--nodelist=n3,n4", "--nodes=2", "--exact"]
+    assert layout.cell_srun_args(layout.cells[1]) == [
+        "--nodelist=n3,n4", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--exact"]
+    assert layout.cell_srun_args(layout.cells[0], tasks_per_node=4)[2:4] == ["--ntasks=8", "--ntasks-per-node=4"]
 
 
 @pytest.mark.parametrize("nodes, message", [
