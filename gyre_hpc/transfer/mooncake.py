@@ -89,9 +89,13 @@ class _Registered:
         if old is not None:
             self.quarantined.append(old)
 
-    def release(self) -> None:
-        self._unregister()
+    def release(self) -> list[np.ndarray]:
+        """Unregister everything and drop the engine reference; returns every array, which the caller frees
+        only after the engine itself is gone (its threads may still be reading or writing them)."""
+        self.quarantine()
+        arrays = self.quarantined + ([self.previous] if self.previous is not None else [])
         self.previous, self.quarantined, self.engine = None, [], None
+        return arrays
 
     def _unregister(self) -> np.ndarray | None:
         old, self.buffer = self.buffer, None
@@ -113,8 +117,9 @@ class MooncakePublisher(BufferPublisher):
         return self._memory.reserve(nbytes)
 
     def _release(self) -> None:
-        self._memory.release()
-        self._memory = self.engine = None
+        arrays = self._memory.release()
+        self._memory = self.engine = None  # the engine stops here: its destructor joins its threads
+        del arrays  # only now free the memory those threads could touch
 
 
 class MooncakePuller(BufferPuller):
@@ -148,5 +153,6 @@ class MooncakePuller(BufferPuller):
             self._memory.quarantine()
 
     def _release(self) -> None:
-        self._memory.release()
-        self._memory = self.engine = None
+        arrays = self._memory.release()
+        self._memory = self.engine = None  # the engine stops here: its destructor joins its threads
+        del arrays  # only now free the memory those threads could touch
