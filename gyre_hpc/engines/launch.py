@@ -8,6 +8,8 @@ Invariants
 - ``start_*`` returns only a ready engine: it waits on ``/health`` up to ``engine.startup_timeout_s``; when the
   process exits or the time runs out it stops the process and raises ``EngineError`` with the log's tail.
 - ``EngineHandle.stop()`` ends exactly the process it started, by PID: SIGTERM, then SIGKILL after a grace period.
+- An engine never inherits the caller's torch.distributed rendezvous variables (``DIST_ENV``): started from a
+  trainer process it still forms its own one-process world.
 """
 from __future__ import annotations
 
@@ -28,6 +30,10 @@ from gyre_hpc.config import EngineConfig, GyreConfig, ModelConfig, RunConfig, to
 from gyre_hpc.engines.client import EngineClient
 from gyre_hpc.errors import EngineError
 from gyre_hpc.io import atomic_write_text
+
+
+#: torch.distributed rendezvous variables a launched engine does not inherit.
+DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -97,8 +103,10 @@ def _spawn(cmd: list[str], url: str, log_path: Path | None, timeout_s: float) ->
         os.close(fd)
         log_path = Path(name)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    # the engine is a world of its own: it must not join (or collide with) the caller's torch.distributed world
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     handle = EngineHandle(url, proc, Path(log_path))
     handle.wait_ready(timeout_s)
     return handle

@@ -242,9 +242,19 @@ def build_engine(config_path: str | None, overrides: list[str]) -> LocalEngine:
 
 
 async def serve(engine: LocalEngine, host: str, port: int) -> None:
+    """Serve until SIGTERM/SIGINT; on the signal every request is aborted first, so waiting callers get their
+    partial output (200, finish_reason abort) instead of a dropped connection."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(engine.app, host=host, port=port, log_level="warning", access_log=False))
+    loop = asyncio.get_running_loop()
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            loop.call_soon_threadsafe(engine.s.abort, None, True, "engine shutting down")
+            super().handle_exit(sig, frame)
+
+    server = Server(uvicorn.Config(engine.app, host=host, port=port, log_level="warning", access_log=False,
+                                   timeout_graceful_shutdown=5))
 
     async def announce() -> None:
         while not server.started:

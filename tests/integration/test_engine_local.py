@@ -3,6 +3,7 @@
 One engine per module (starting one costs ~8 s of torch + megatron import). Tests that pause the engine resume
 it before they return, and weight tests restore nothing: they only compare against what they loaded.
 """
+import signal
 import threading
 import time
 
@@ -313,6 +314,29 @@ def test_health_endpoints_and_loads(client, engine):
     assert httpx.get(engine.url + "/health_generate", timeout=30).status_code == 200
     load = client.loads()
     assert (load.running, load.waiting) == (0, 0)
+
+
+def test_stopping_an_engine_returns_pending_requests_as_aborted(tmp_path, monkeypatch):
+    import socket
+
+    # started from a process whose torch.distributed rendezvous port is taken (a trainer's), it still starts
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(busy.getsockname()[1]))
+    try:
+        handle = start_local_engine(ENGINE, MODEL, seed=SEED, port=free_port(), log_path=tmp_path / "e.log")
+    finally:
+        busy.close()
+    with handle, handle.client(timeout=60.0) as c:
+        bg = _start_and_hold(c, "interrupted")
+        t0 = time.monotonic()
+        assert handle.stop() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after a graceful shutdown
+        res = bg.join()
+        assert time.monotonic() - t0 < 8.0
+    assert res.finish_reason == "abort" and len(res.output_ids) >= 1
+    assert not handle.alive()
 
 
 def test_launch_reports_a_bad_config_with_the_log_tail(tmp_path):
