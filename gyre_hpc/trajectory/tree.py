@@ -60,7 +60,7 @@ class RunTree:
     gen_call: np.ndarray  # int32 [N]: file index of the call that generated the node, -1 if none
     leaf_call: np.ndarray  # int64 [S]: file index of the call whose sequence is leaf i (leaves in sorted order)
     leaf_len: np.ndarray  # int64 [S]: path length of leaf i
-    leaf_pieces: tuple[np.ndarray, ...]  # per leaf, rows (start_depth, node_offset) of its contiguous node runs
+    leaf_pieces: tuple[tuple[tuple[int, int, int], ...], ...]  # per leaf: (start depth, first node, end depth)
     leaf_last_call: np.ndarray  # int64 [S]: largest file index of a call that lies on leaf i's path
     call_leaf: np.ndarray  # int64 [C]: the leaf whose path contains call c's sequence
     call_rank: np.ndarray  # int64 [C]: position of call c in lexicographic order
@@ -74,10 +74,8 @@ class RunTree:
 
     def pieces(self, leaf: int, lo: int = 0, hi: int | None = None) -> Iterator[tuple[int, int, int]]:
         """(first node, first depth, count) of the contiguous node runs covering depths [lo, hi) of a path."""
-        hi = self.leaf_len[leaf] if hi is None else hi
-        p = self.leaf_pieces[leaf]
-        ends = np.append(p[1:, 0], self.leaf_len[leaf])
-        for (start, offset), end in zip(p.tolist(), ends.tolist()):
+        hi = int(self.leaf_len[leaf]) if hi is None else hi
+        for start, offset, end in self.leaf_pieces[leaf]:
             a, b = max(lo, start), min(hi, end)
             if a < b:
                 yield offset + a - start, a, b - a
@@ -106,19 +104,20 @@ class RunTree:
                           new[t.span_end[idx]], t.generated[idx], t.logprob[idx], t.version[idx])
 
 
-def _branch_parents(leaf_lcp: np.ndarray, leaf_offset: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+def _branch_parents(leaf_lcp: np.ndarray, leaf_offset: np.ndarray, leaf_len: np.ndarray) -> tuple[np.ndarray, list]:
     """Left-to-right stack: the parent node of each leaf's first new node, and each leaf's path pieces."""
     parents = np.full(len(leaf_lcp), -1, np.int64)
     stack: list[tuple[int, int]] = []  # (start depth, node offset) of the pieces of the previous path
     pieces = []
-    for i, (l, off) in enumerate(zip(leaf_lcp.tolist(), leaf_offset.tolist())):
+    for i, (l, off, n) in enumerate(zip(leaf_lcp.tolist(), leaf_offset.tolist(), leaf_len.tolist())):
         while stack and stack[-1][0] >= l:
             stack.pop()
         if l > 0:
             start, offset = stack[-1]
             parents[i] = offset + l - 1 - start
         stack.append((l, off))
-        pieces.append(np.array(stack, np.int64))
+        ends = [s for s, _ in stack[1:]] + [n]
+        pieces.append(tuple((s, o, e) for (s, o), e in zip(stack, ends)))
     return parents, pieces
 
 
@@ -169,7 +168,7 @@ def build_tree(calls: Sequence[Call]) -> RunTree:
     for off, k, shift in zip(leaf_offset.tolist(), seg_len.tolist(), (leaf_offset - leaf_lcp).tolist()):
         depth[off:off + k] -= shift
     parent = np.arange(-1, n - 1, dtype=np.int32)
-    seg_parent, pieces = _branch_parents(leaf_lcp, leaf_offset)
+    seg_parent, pieces = _branch_parents(leaf_lcp, leaf_offset, leaf_len)
     parent[leaf_offset] = seg_parent
     call_leaf = np.empty(len(seqs), np.int64)
     call_leaf[order] = np.searchsorted(leaf_pos, np.arange(len(seqs)))
