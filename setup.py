@@ -2,7 +2,7 @@
 from setuptools import find_packages, setup
 
 TRAIN = ["torch==2.13.0", "megatron-core==0.16.1", "psutil"]
-TRANSFER = ["mooncake-transfer-engine-non-cuda==0.3.13.post1"]
+TRANSFER = ["mooncake-transfer-engine-non-cuda==0.3.13.post1"]  # needs Debian libibverbs1, even for TCP
 MPI = ["mpi4py>=4.1"]
 SLURM = ["submitit>=1.5"]
 
@@ -13,13 +13,13 @@ setup(
     "rollout and training mid-batch, and a trajectory processor that trains each shared token once.",
     python_requires=">=3.10",
     packages=find_packages(include=["gyre_hpc", "gyre_hpc.*", "jobs"]),
-    install_requires=["numpy>=1.24", "pyyaml>=6", "matplotlib>=3.7", "tqdm>=4.60"],
+    install_requires=["numpy>=1.24", "pyyaml>=6", "matplotlib>=3.7", "tqdm>=4.60", "xxhash>=3"],
     extras_require={
         "train": TRAIN,
         "transfer": TRANSFER,
         "mpi": MPI,
         "slurm": SLURM,
-        "dev": TRAIN + ["pytest>=8", "pytest-timeout>=2.2"],
+        "dev": TRAIN + TRANSFER + ["pytest>=8", "pytest-timeout>=2.2"],
     },
     entry_points={"console_scripts": ["gyre=gyre_hpc.cli:main"]},
 )
