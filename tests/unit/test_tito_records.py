@@ -131,3 +131,20 @@ def test_write_is_atomic_and_in_memory_calls_serialize(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]  # no temporary left behind
     back = read_tito(target)
     assert back.calls[0].output_versions.tolist() == [7] and back.calls[0].output_logprobs.tolist() == [-0.25]
+
+
+def test_the_documented_example_reads_and_means_what_the_doc_says(tmp_path):
+    from pathlib import Path
+
+    from gyre_hpc.trajectory.branches import BranchKind, classify
+    from gyre_hpc.trajectory.tree import build_tree
+
+    doc = (Path(__file__).parents[2] / "docs" / "tito.md").read_text()
+    block = doc.split("```json\n", 1)[1].split("```", 1)[0]
+    log = read_tito(write_lines(tmp_path, block.strip().splitlines()), vocab_size=256)
+    c1 = log.runs["q0-r0"][1]
+    assert c1.output_versions.tolist() == [4, 4, 5]
+    assert log.outcome["q0-r1"].status is RunStatus.EVAL_FAILURE and log.outcome["q0-r1"].score is None
+    calls = log.runs["q0-r0"]
+    assert [b.kind for b in classify(build_tree(calls), calls)] == [
+        BranchKind.ROOT, BranchKind.CONTINUATION, BranchKind.RETRY]
