@@ -18,6 +18,7 @@ SGLang; inside, because the local engine loads weights from disk only).
 Invariants
 - Every refused request gets SGLang's error shape ``{"error": {"message": ...}}`` with 400 (bad input), 503
   (overloaded) or the ``EngineError`` status; a validation error never reaches the scheduler.
+- A ``/generate`` whose caller disconnects is aborted within ``DISCONNECT_POLL_S`` (its slot is freed).
 - ``weight_version`` changes only through ``/update_weights_from_disk`` (when given) and
   ``/update_weight_version``, and ``/model_info``, ``/weights_checker`` and new tokens see the change together.
 """
@@ -44,6 +45,7 @@ from gyre_hpc.errors import ConfigError, EngineError, GyreError
 
 ENGINE_VERSION = "gyre-local-1"
 HEALTH_TIMEOUT_S = 20.0
+DISCONNECT_POLL_S = 0.25
 
 
 def _error(exc: Exception, status: int = 400) -> JSONResponse:
@@ -113,7 +115,14 @@ class LocalEngine:
     # ------------------------------------------------------------------------------------------ generate
     async def generate(self, request: Request):
         req = P.parse_generate(await _json(request), self.s.policy.vocab_size, self.cfg.default_max_new_tokens)
-        return JSONResponse(await self.s.generate(req))
+        future = self.s.submit(req)
+        while True:  # a caller that hangs up (timeout, cancelled run) frees its slot, as in SGLang
+            done, _ = await asyncio.wait({future}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return JSONResponse(future.result())
+            if await request.is_disconnected():
+                self.s.abort(req.rid, message="client disconnected")
+                return Response(status_code=499)
 
     async def abort_request(self, request: Request):
         rid, abort_all = P.parse_abort(await _json(request))

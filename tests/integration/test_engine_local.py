@@ -210,6 +210,16 @@ def test_abort_returns_partial_output_with_abort_reason(client):
     assert res.weight_versions[-1].end == len(res.output_ids)
 
 
+def test_a_caller_that_hangs_up_frees_its_request(client, engine):
+    client.pause("in_place")
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(engine.url + "/generate", json={"input_ids": PROMPT, "rid": "gone"}, timeout=0.5)
+        _wait(lambda: client.loads().waiting == 0, timeout=5.0)
+    finally:
+        client.resume()
+
+
 def test_pause_in_place_holds_requests_and_refuses_flush_until_continue(client):
     bg = _start_and_hold(client, "held", max_new_tokens=40)
     try:
