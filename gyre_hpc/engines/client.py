@@ -259,8 +259,26 @@ class AsyncEngineClient:
                                        flush_cache: bool = True) -> dict:
         return await self._call(_Specs.update_weights_from_disk(path, version, abort_all_requests, flush_cache))
 
+    async def begin_weight_update(self) -> None:
+        await self._call(_Specs.begin_weight_update())
+
+    async def end_weight_update(self) -> None:
+        await self._call(_Specs.end_weight_update())
+
+    async def update_weight_version(self, version: str, abort_all_requests: bool = False) -> None:
+        await self._call(_Specs.update_weight_version(version, abort_all_requests))
+
     async def weight_version(self) -> str:
         return await self._call(_Specs.weight_version())
+
+    async def model_info(self) -> dict:
+        return await self._call(_Specs.model_info())
+
+    async def weights_checksum(self) -> str:
+        return await self._call(_Specs.weights_checksum())
+
+    async def flush_cache(self) -> None:
+        await self._call(_Specs.flush_cache())
 
     async def loads(self) -> EngineLoad:
         return await self._call(_Specs.loads())

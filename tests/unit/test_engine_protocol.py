@@ -186,3 +186,15 @@ def test_same_seed_same_tokens_other_seed_other_tokens():
         return [sample(LOGITS, sp, rng)[0] for _ in range(30)]
 
     assert run(9) == run(9) != run(10)
+
+
+def test_async_client_offers_every_call_of_the_sync_client():
+    import inspect
+
+    from gyre_hpc.engines.client import AsyncEngineClient, EngineClient
+
+    def calls(cls):
+        return {n for n, f in inspect.getmembers(cls, inspect.isfunction) if not n.startswith("_")} - {"close", "aclose"}
+
+    assert calls(EngineClient) == calls(AsyncEngineClient)
+    assert all(inspect.iscoroutinefunction(getattr(AsyncEngineClient, n)) for n in calls(AsyncEngineClient))
