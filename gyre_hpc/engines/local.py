@@ -159,13 +159,12 @@ class LocalEngine:
             self.s.abort(abort_all=True, message="aborted by update_weights_from_disk")
         try:
             state, meta = await asyncio.to_thread(load_weights_dir, upd.model_path)
-            await self.s.exclusive(lambda: self.s.policy.load_weights(state))
+            await self.s.load_weights(state, upd.weight_version)
         except EngineError as exc:
             return JSONResponse({"success": False, "message": str(exc), "num_paused_requests": 0}, 400)
         self.model_path = upd.model_path
         message = f"Succeeded to update model weights from {upd.model_path}."
         if upd.weight_version is not None:
-            self.s.version = upd.weight_version
             message += f" Weight version updated to {upd.weight_version}."
         return {"success": True, "message": message, "num_paused_requests": 0}
 

@@ -23,7 +23,7 @@ import asyncio
 import collections
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -129,9 +129,16 @@ class Scheduler:
         self._work.set()
 
     async def exclusive(self, fn: Callable[[], object]) -> object:
-        """Run ``fn`` in a thread with no tick in flight (weight loads)."""
+        """Run ``fn`` in a thread with no tick in flight (checksums)."""
         async with self._lock:
             return await asyncio.to_thread(fn)
+
+    async def load_weights(self, state: Mapping[str, object], version: str | None) -> None:
+        """Load ``state`` between two ticks; the next tick's tokens carry ``version`` (when given)."""
+        async with self._lock:
+            await asyncio.to_thread(self.policy.load_weights, state)
+            if version is not None:
+                self.version = version
 
     def busy(self) -> bool:
         """True when a cache flush must be refused: something runs, or waits without being paused."""
