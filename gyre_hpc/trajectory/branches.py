@@ -19,7 +19,9 @@ whole opening and is named RETRY; subagents that run strictly one after another,
 in between, name the second a COMPRESSION. Kinds label reports only; selection and training do not use them.
 
 Invariants
-- Every call gets exactly one kind; only the first call is ROOT; CONTINUATION iff an earlier call is a prefix.
+- Every call gets exactly one kind; only the first call is ROOT; CONTINUATION iff an earlier call that shares
+  the longest prefix with it is a whole prefix of it (a call that extends one call but diverges from a later,
+  longer one is a RETRY of that one).
 """
 from __future__ import annotations
 

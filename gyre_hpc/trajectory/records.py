@@ -34,6 +34,8 @@ import numpy as np
 
 from gyre_hpc.errors import TrajectoryError
 from gyre_hpc.io import atomic_write_text
+from gyre_hpc.trajectory.tito_checks import (CALL_FIELDS, OUTCOME_FIELDS, OUTCOME_OPTIONAL, cross_check,
+                                                fields, header, ids, version_spans)
 
 
 class RunStatus(str, enum.Enum):
@@ -119,65 +121,13 @@ class TitoFormatError(TrajectoryError):
         super().__init__(f"{source}: {len(self.problems)} problem(s), no samples were produced:\n{listed}")
 
 
-CALL_FIELDS = {"run_id": str, "query_id": str, "call_id": str, "input_ids": list, "output_ids": list,
-               "output_logprobs": list, "version_spans": list, "engine": str, "finish_reason": str,
-               "t_start": (int, float), "t_end": (int, float)}
-OUTCOME_FIELDS = {"run_id": str, "query_id": str, "status": str, "score": (int, float, type(None)),
-                  "t_end": (int, float)}
-OPTIONAL = {"detail": str}
-
-
-def _fields(rec: dict, spec: dict, what: str) -> list[str]:
-    errs = [f"{what}: missing field {k!r}" for k in spec if k not in rec]
-    for k, tp in {**spec, **OPTIONAL}.items():
-        v = rec.get(k)
-        if k in rec and (not isinstance(v, tp) or isinstance(v, bool)):
-            errs.append(f"{what}: field {k!r} has the wrong type ({type(v).__name__}: {v!r:.40})")
-    unknown = sorted(set(rec) - set(spec) - set(OPTIONAL) - {"type"})
-    if unknown:
-        errs.append(f"{what}: unknown field(s) {', '.join(unknown)}")
-    return errs
-
-
-def _ids(values: list, name: str, vocab_size: int | None) -> tuple[np.ndarray, list[str]]:
-    try:
-        arr = np.asarray(values) if values else np.zeros(0, np.int64)
-    except (ValueError, OverflowError):
-        return np.zeros(0, np.int64), [f"{name} is not a flat list of integers"]
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        return np.zeros(0, np.int64), [f"{name} is not a flat list of integers"]
-    arr = arr.astype(np.int64)
-    errs = []
-    if arr.size and arr.min() < 0:
-        errs.append(f"{name} has a negative id ({int(arr.min())}) at index {int(np.argmax(arr < 0))}")
-    if vocab_size is not None and arr.size and arr.max() >= vocab_size:
-        bad = int(np.argmax(arr >= vocab_size))
-        errs.append(f"{name} has id {int(arr[bad])} at index {bad}, outside the vocabulary (size {vocab_size})")
-    return arr, errs
-
-
-def _versions(spans: list, n_out: int) -> tuple[np.ndarray, list[str]]:
-    msg = "version_spans must be [[start, version], ...] with starts 0, increasing, < len(output_ids)"
-    try:
-        arr = np.asarray(spans, dtype=np.int64).reshape(-1, 2) if spans else np.zeros((0, 2), np.int64)
-        exact = all(isinstance(x, int) and not isinstance(x, bool) for s in spans for x in s)
-    except (ValueError, TypeError, OverflowError):
-        return np.zeros(0, np.int64), [msg]
-    starts, versions = arr[:, 0], arr[:, 1]
-    if not exact or len(arr) != len(spans) or (n_out and not len(arr)) or (len(arr) and (
-            starts[0] != 0 or np.any(np.diff(starts) <= 0) or starts[-1] >= max(n_out, 1) or versions.min() < 0)):
-        return np.zeros(0, np.int64), [msg]
-    lengths = np.diff(np.append(starts, n_out)) if n_out else np.zeros(len(arr), np.int64)
-    return np.repeat(versions, lengths), []
-
-
 def _parse_call(rec: dict, line: int, vocab_size: int | None) -> tuple[Call | None, list[str]]:
     what = f"call {rec.get('call_id', '?')} of run {rec.get('run_id', '?')}"
-    errs = _fields(rec, CALL_FIELDS, what)
+    errs = fields(rec, CALL_FIELDS, {}, what)
     if errs:
         return None, errs
-    inp, e1 = _ids(rec["input_ids"], "input_ids", vocab_size)
-    out, e2 = _ids(rec["output_ids"], "output_ids", vocab_size)
+    inp, e1 = ids(rec["input_ids"], "input_ids", vocab_size)
+    out, e2 = ids(rec["output_ids"], "output_ids", vocab_size)
     errs = [f"{what}: {e}" for e in e1 + e2]
     if not e1 and inp.size == 0:
         errs.append(f"{what}: input_ids is empty (the first token of a path has nothing to be predicted from)")
@@ -191,7 +141,7 @@ def _parse_call(rec: dict, line: int, vocab_size: int | None) -> tuple[Call | No
                 errs.append(f"{what}: output_logprobs must be finite and <= 0")
         except (ValueError, TypeError):
             errs.append(f"{what}: output_logprobs is not a flat list of numbers")
-    versions, e3 = _versions(rec["version_spans"], len(rec["output_ids"]))
+    versions, e3 = version_spans(rec["version_spans"], len(rec["output_ids"]))
     errs += [f"{what}: {e}" for e in e3]
     if rec["t_end"] < rec["t_start"]:
         errs.append(f"{what}: t_end {rec['t_end']} is before t_start {rec['t_start']}")
@@ -203,7 +153,7 @@ def _parse_call(rec: dict, line: int, vocab_size: int | None) -> tuple[Call | No
 
 def _parse_outcome(rec: dict, line: int) -> tuple[Outcome | None, list[str]]:
     what = f"outcome of run {rec.get('run_id', '?')}"
-    errs = _fields(rec, OUTCOME_FIELDS, what)
+    errs = fields(rec, OUTCOME_FIELDS, OUTCOME_OPTIONAL, what)
     if errs:
         return None, errs
     try:
@@ -217,41 +167,6 @@ def _parse_outcome(rec: dict, line: int) -> tuple[Outcome | None, list[str]]:
         return None, [f"{what}: status {status.value} must have score null (got {score!r}); it is not a 0"]
     return Outcome(rec["run_id"], rec["query_id"], status, None if score is None else float(score),
                    float(rec["t_end"]), rec.get("detail", ""), line), []
-
-
-def _header(rec: Any, line: int) -> tuple[int, str, str, str, str] | None:
-    """(line, type, run id, query id, call id) of a record whose ids are readable, for the cross checks."""
-    if not isinstance(rec, dict) or rec.get("type") not in ("call", "outcome"):
-        return None
-    ids = [rec.get(k, "") for k in ("run_id", "query_id", "call_id")]
-    return (line, rec["type"], *ids) if all(isinstance(i, str) for i in ids) and ids[0] else None
-
-
-def _cross_check(headers: list[tuple[int, str, str, str, str]]) -> list[tuple[int, str]]:
-    """Duplicate call ids and outcomes, query ids that disagree within a run, runs without an outcome."""
-    problems = []
-    calls: dict[tuple[str, str], int] = {}
-    query: dict[str, tuple[str, int]] = {}
-    outcomes: dict[str, int] = {}
-    for line, kind, run, qid, cid in headers:
-        if kind == "call" and (run, cid) in calls:
-            problems.append((line, f"duplicate call id {cid} in run {run} (first at line {calls[run, cid]})"))
-        elif kind == "outcome" and run in outcomes:
-            problems.append((line, f"duplicate outcome for run {run} (first at line {outcomes[run]})"))
-        if kind == "call":
-            calls.setdefault((run, cid), line)
-        else:
-            outcomes.setdefault(run, line)
-        first_q, first_line = query.setdefault(run, (qid, line))
-        if qid != first_q:
-            problems.append((line, f"{kind} of run {run}: query id {qid} differs from {first_q} (line {first_line})"))
-    first_call: dict[str, int] = {}
-    for line, kind, run, _, _ in headers:
-        if kind == "call":
-            first_call.setdefault(run, line)
-    problems += [(line, f"run {run} has calls but no outcome record (unfinished)")
-                 for run, line in first_call.items() if run not in outcomes]
-    return problems
 
 
 def read_tito(path: str | Path, vocab_size: int | None = None) -> TitoLog:
@@ -270,7 +185,7 @@ def read_tito(path: str | Path, vocab_size: int | None = None) -> TitoLog:
         except json.JSONDecodeError as exc:
             problems.append((line, f"invalid JSON ({exc.msg} at column {exc.colno})"))
             continue
-        headers += [h for h in [_header(rec, line)] if h]
+        headers += [h for h in [header(rec, line)] if h]
         kind = rec.get("type") if isinstance(rec, dict) else None
         if kind == "call":
             item, errs = _parse_call(rec, line, vocab_size)
@@ -281,7 +196,7 @@ def read_tito(path: str | Path, vocab_size: int | None = None) -> TitoLog:
         else:
             errs = [f"record type must be 'call' or 'outcome', got {kind!r}"]
         problems += [(line, e) for e in errs]
-    problems += _cross_check(headers)
+    problems += cross_check(headers)
     if problems:
         raise TitoFormatError(source, problems)
     return TitoLog(tuple(calls), tuple(outcomes), source)

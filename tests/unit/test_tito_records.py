@@ -148,3 +148,11 @@ def test_the_documented_example_reads_and_means_what_the_doc_says(tmp_path):
     calls = log.runs["q0-r0"]
     assert [b.kind for b in classify(build_tree(calls), calls)] == [
         BranchKind.ROOT, BranchKind.CONTINUATION, BranchKind.RETRY]
+
+
+@pytest.mark.parametrize("value", [None, {}, [None], [[1, 2], 3], [2 ** 70], "abc"])
+def test_checks_return_messages_instead_of_raising(value):
+    from gyre_hpc.trajectory.tito_checks import ids, version_spans
+
+    assert ids(value if isinstance(value, list) else [value], "input_ids", 10)[1]
+    assert version_spans(value if isinstance(value, list) else [value], 3)[1]

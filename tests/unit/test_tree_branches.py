@@ -60,3 +60,30 @@ def test_synthetic_logs_are_classified_as_generated(seed):
                 assert b.kind.value == meant[run, b.call_id], (run, b)
                 seen.add(b.kind)
     assert seen == set(BranchKind)  # every kind occurred, so the check above covered each
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_one_kind_per_call_root_first_and_continuation_iff_a_best_matching_earlier_call_is_a_prefix(seed):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    seqs = []
+    for i in range(10):
+        if seqs and rng.random() < 0.7:
+            base = list(seqs[int(rng.integers(len(seqs)))][0 if rng.random() < 0.3 else 1])
+            inp = base[:int(rng.integers(1, len(base) + 1))] + list(rng.integers(0, 3, int(rng.integers(0, 3))))
+        else:
+            inp = list(rng.integers(0, 3, int(rng.integers(1, 4))))
+        out = list(rng.integers(0, 3, int(rng.integers(0, 3))))
+        seqs.append((inp, inp + out))
+    calls = [Call.of("r", f"c{i}", inp, full[len(inp):]) for i, (inp, full) in enumerate(seqs)]
+    branches = classify(build_tree(calls), calls)
+    assert len(branches) == len(calls) and branches[0].kind is BranchKind.ROOT
+    for i, b in enumerate(branches[1:], start=1):
+        full = seqs[i][1]
+        shared = [next((k for k, (x, y) in enumerate(zip(full, seqs[j][1])) if x != y),
+                       min(len(full), len(seqs[j][1]))) for j in range(i)]
+        best = max(shared)
+        is_prefix = any(s == best == len(seqs[j][1]) for j, s in enumerate(shared))
+        assert (b.kind is BranchKind.CONTINUATION) == is_prefix and b.kind is not BranchKind.ROOT
+        assert b.shared == best
