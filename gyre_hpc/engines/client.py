@@ -121,6 +121,7 @@ class _Specs:
         _nothing))
     weight_version = staticmethod(lambda: _Spec("GET", "/model_info", None, lambda r: str(_field("weight_version")(r))))
     model_info = staticmethod(lambda: _Spec("GET", "/model_info", None, _json))
+    server_info = staticmethod(lambda: _Spec("GET", "/server_info", None, _json))
     weights_checksum = staticmethod(lambda: _Spec("POST", "/weights_checker", {"action": "checksum"}, _checksum))
     loads = staticmethod(lambda: _Spec("GET", "/v1/loads", None, _loads))
     flush_cache = staticmethod(lambda: _Spec("POST", "/flush_cache", None, _nothing))
@@ -198,6 +199,10 @@ class EngineClient:
     def model_info(self) -> dict:
         return self._call(_Specs.model_info())
 
+    def server_info(self) -> dict:
+        """Engine-specific facts and counters (the local engine: ``generated_tokens``, ``forward_calls``)."""
+        return self._call(_Specs.server_info())
+
     def weights_checksum(self) -> str:
         return self._call(_Specs.weights_checksum())
 
@@ -273,6 +278,9 @@ class AsyncEngineClient:
 
     async def model_info(self) -> dict:
         return await self._call(_Specs.model_info())
+
+    async def server_info(self) -> dict:
+        return await self._call(_Specs.server_info())
 
     async def weights_checksum(self) -> str:
         return await self._call(_Specs.weights_checksum())

@@ -49,7 +49,7 @@ def trainer_model():
 
 
 def _generated(client) -> int:
-    return int(client._http.get("/server_info").json()["generated_tokens"])
+    return int(client.server_info()["generated_tokens"])
 
 
 def _wait(cond, timeout=30.0):
@@ -159,7 +159,7 @@ def test_concurrent_requests_share_forward_passes_and_match_solo_runs(client, en
 
     prompts = [[i + 1, 2 * i + 3, 7] for i in range(8)]
     solo = [client.generate(p, {"max_new_tokens": 24, "temperature": 0.0}).output_ids for p in prompts]
-    calls_before = client._http.get("/server_info").json()["forward_calls"]
+    calls_before = client.server_info()["forward_calls"]
 
     async def together():
         c = AsyncEngineClient(engine.url, timeout=120.0)
@@ -169,7 +169,7 @@ def test_concurrent_requests_share_forward_passes_and_match_solo_runs(client, en
             await c.aclose()
 
     results = asyncio.run(together())
-    calls = client._http.get("/server_info").json()["forward_calls"] - calls_before
+    calls = client.server_info()["forward_calls"] - calls_before
     assert [r.output_ids for r in results] == solo
     assert calls < 8 * 24 // 2, f"{calls} forward passes for 8 x 24 tokens: requests were not batched"
 
