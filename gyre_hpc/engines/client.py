@@ -17,6 +17,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import httpx
 
+from gyre_hpc.config import EngineConfig
 from gyre_hpc.engines.protocol import GenerateResult
 from gyre_hpc.errors import EngineError
 
@@ -157,6 +158,11 @@ class EngineClient:
         self._http = httpx.Client(base_url=self.url, timeout=_timeout(timeout, connect_timeout),
                                   transport=httpx.HTTPTransport(retries=connect_retries))
 
+    @classmethod
+    def from_config(cls, url: str, cfg: EngineConfig) -> "EngineClient":
+        """A client with ``engine.request_timeout_s`` and ``engine.connect_retries``."""
+        return cls(url, timeout=cfg.request_timeout_s, connect_retries=cfg.connect_retries)
+
     def _call(self, spec: _Spec) -> Any:
         try:
             resp = self._http.request(spec.method, spec.path, json=spec.body)
@@ -236,6 +242,11 @@ class AsyncEngineClient:
         self.url = url.rstrip("/")
         self._http = httpx.AsyncClient(base_url=self.url, timeout=_timeout(timeout, connect_timeout),
                                        transport=httpx.AsyncHTTPTransport(retries=connect_retries))
+
+    @classmethod
+    def from_config(cls, url: str, cfg: EngineConfig) -> "AsyncEngineClient":
+        """A client with ``engine.request_timeout_s`` and ``engine.connect_retries``."""
+        return cls(url, timeout=cfg.request_timeout_s, connect_retries=cfg.connect_retries)
 
     async def _call(self, spec: _Spec) -> Any:
         try:

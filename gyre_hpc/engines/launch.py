@@ -57,6 +57,7 @@ class EngineHandle:
         return self.process.poll() is None
 
     def client(self, **kwargs) -> EngineClient:
+        """An ``EngineClient`` for this engine (keyword arguments as ``EngineClient``'s)."""
         return EngineClient(self.url, **kwargs)
 
     def log_tail(self, lines: int = 20) -> str:
