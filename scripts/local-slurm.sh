@@ -39,7 +39,8 @@ die() { printf 'local-slurm: error: %s\n' "$*" >&2; exit 1; }
 elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$T0" "$(date +%s.%N)"; }
 node_names() { local i; for ((i = 1; i <= NODES; i++)); do printf 'n%d\n' "$i"; done; }
 alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
-pid_files() { echo "$DIR/run/munged.pid" "$DIR/run/slurmctld.pid"; node_names | sed "s|^|$DIR/run/slurmd-|; s|$|.pid|"; }
+slurmd_pid_files() { node_names | sed "s|^|$DIR/run/slurmd-|; s|$|.pid|"; }
+pid_files() { echo "$DIR/run/munged.pid" "$DIR/run/slurmctld.pid"; slurmd_pid_files; }
 slurm() { SLURM_CONF="$CONF" "$@"; }
 
 # ------------------------------------------------------------------------------------------------ install
@@ -69,7 +70,7 @@ install_packages() {
 
 # ------------------------------------------------------------------------------------------------ configs
 write_configs() {
-    local last=$((NODES)) first_port=$((PORT + 100))
+    local last=$NODES first_port=$((PORT + 100))
     mkdir -p "$DIR"/{etc,run,log,state,spool,tmp,cgroup,bin}
     touch "$DIR/.gyre-local-slurm"
     node_names | while read -r n; do mkdir -p "$DIR/spool/$n" "$DIR/tmp/$n"; done
@@ -106,7 +107,8 @@ ReturnToService=2
 KillWait=5
 MinJobAge=600
 InactiveLimit=0
-NodeName=n[1-$last] NodeAddr=127.0.0.1 NodeHostname=localhost Port=[$first_port-$((first_port + NODES - 1))] CPUs=$CPUS RealMemory=$MEM State=UNKNOWN
+NodeName=n[1-$last] NodeAddr=127.0.0.1 NodeHostname=localhost Port=[$first_port-$((first_port + NODES - 1))] \
+    CPUs=$CPUS RealMemory=$MEM State=UNKNOWN
 PartitionName=debug Nodes=n[1-$last] Default=YES MaxTime=INFINITE State=UP
 EOF
     # slurmd 22.05 reads cgroup.conf even with proctrack/linuxproc; nothing is mounted or written there.
@@ -123,15 +125,22 @@ EOF
 
 # ------------------------------------------------------------------------------------------------ links
 # A link is ours when it points into a directory holding the .gyre-local-slurm marker or at our stand-in.
-ours() { local t; t=$(readlink "$1") || return 1; [[ -e "$(dirname "$(dirname "$t")")/.gyre-local-slurm" || "$(basename "$t")" == sacct-standin ]]; }
+ours() {
+    local t
+    t=$(readlink "$1") || return 1
+    [[ -e "$(dirname "$(dirname "$t")")/.gyre-local-slurm" || "$(basename "$t")" == sacct-standin ]]
+}
+
+link_if_free() {  # link_if_free TARGET LINK: only where nothing else is, or an earlier link of ours
+    if [[ ! -e "$2" && ! -L "$2" ]] || ours "$2"; then ln -sfn "$1" "$2"
+    else say "warning: $2 exists and is not ours; use: eval \"\$($0 env)\""; fi
+}
 
 make_links() {
     [[ "$LINKS" == 1 ]] || return 0
     mkdir -p "$(dirname "$CONF_LINK")"
-    if [[ ! -e "$CONF_LINK" && ! -L "$CONF_LINK" ]] || ours "$CONF_LINK"; then ln -sfn "$CONF" "$CONF_LINK"
-    else say "warning: $CONF_LINK exists and is not ours; use: eval \"\$($0 env)\""; fi
-    if [[ ! -e "$SACCT_LINK" && ! -L "$SACCT_LINK" ]] || ours "$SACCT_LINK"; then ln -sfn "$HERE/sacct-standin" "$SACCT_LINK"
-    else say "warning: $SACCT_LINK exists and is not ours; use: eval \"\$($0 env)\""; fi
+    link_if_free "$CONF" "$CONF_LINK"
+    link_if_free "$HERE/sacct-standin" "$SACCT_LINK"
 }
 
 remove_links() {  # only the links of this cluster (the config link points at this $CONF)
@@ -199,12 +208,13 @@ stop_pid() {  # stop_pid FILE...: TERM each live PID, wait up to 15 s for all, t
 # ------------------------------------------------------------------------------------------------ commands
 cmd_stop() {
     if [[ -f "$DIR/run/slurmctld.pid" ]] && alive "$DIR/run/slurmctld.pid"; then
-        slurm scancel --full --quiet --user="$(id -un)" 2>/dev/null || true
+        slurm scancel --quiet --user="$(id -un)" 2>/dev/null || true
+        local deadline=$((SECONDS + 15))  # let slurmstepd end the jobs (KillWait=5) before slurmd goes
+        while [[ -n "$(slurm squeue -h -o %i 2>/dev/null)" ]] && ((SECONDS < deadline)); do sleep 0.1; done
     fi
+    # All at once: each daemon takes 1.5-2 s to exit, one after another they took 6 s.
     # shellcheck disable=SC2046
-    stop_pid $(node_names | sed "s|^|$DIR/run/slurmd-|; s|$|.pid|")
-    stop_pid "$DIR/run/slurmctld.pid"
-    stop_pid "$DIR/run/munged.pid"
+    stop_pid $(pid_files)
     remove_links
     say "stopped in $(elapsed) s"
 }

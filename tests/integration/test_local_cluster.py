@@ -98,7 +98,8 @@ print(json.dumps({{"rank": w.Get_rank(), "size": w.Get_size(), "node": os.enviro
                   "allocator": placed.is_allocator, "cell": None if placed.cell is None else placed.cell.index,
                   "cells_seen": cells}}), flush=True)
 """)
-    cells = "\n".join(f"srun {' '.join(layout.cell_srun_args(c))} bash -c 'touch {tmp_path}/cell-{c.index}-$SLURMD_NODENAME' &"
+    touch = "bash -c 'touch {}/cell-{}-$SLURMD_NODENAME'"
+    cells = "\n".join(f"srun {' '.join(layout.cell_srun_args(c))} {touch.format(tmp_path, c.index)} &"
                       for c in layout.cells)
     body = f"srun {' '.join(layout.control_srun_args())} {PY} {prog} &\nsleep 0.5\n{cells}\nwait"
     got = records(sbatch(tmp_path, body, "-N4", "--ntasks-per-node=1"))
@@ -221,7 +222,8 @@ def test_sacct_standin_answers_submitits_query_for_every_end_state(local_slurm, 
     query = ["sacct", "-o", "JobID,State,NodeList", "--parsable2"]  # submitit 1.5.4's exact command
     for jid in (ok, failed, array, cancelled):
         query += ["-j", jid]
-    wanted = {ok: "COMPLETED", failed: "FAILED", cancelled: "CANCELLED", **{f"{array}_{i}": "COMPLETED" for i in range(3)}}
+    wanted = {ok: "COMPLETED", failed: "FAILED", cancelled: "CANCELLED",
+              **{f"{array}_{i}": "COMPLETED" for i in range(3)}}
     deadline = time.time() + 30
     while time.time() < deadline:
         info = SlurmInfoWatcher().read_info(subprocess.run(query, capture_output=True, text=True, check=True).stdout)
@@ -269,6 +271,13 @@ def test_a_second_cluster_starts_from_scratch_and_stops_by_pid(local_slurm):
                                                             "n2", "idle", "4"]
         pids = [int(p.read_text()) for p in (tmp_path / "c2" / "run").glob("*.pid")]
         assert len(pids) == 4
+        job_pid = tmp_path / "job.pid"
+        subprocess.run(["sbatch", "-o", "/dev/null", "--wrap", f"echo $$ > {job_pid}; exec sleep 300"], env=env,
+                       check=True, capture_output=True)
+        deadline = time.time() + 20
+        while not (job_pid.exists() and job_pid.read_text().strip()) and time.time() < deadline:
+            time.sleep(0.05)
+        pids.append(int(job_pid.read_text()))  # a running job dies with the cluster
     finally:
         stop = script("stop", env=env, timeout=120)
     assert stop.returncode == 0, stop.stdout + stop.stderr
