@@ -198,3 +198,16 @@ def test_async_client_offers_every_call_of_the_sync_client():
 
     assert calls(EngineClient) == calls(AsyncEngineClient)
     assert all(inspect.iscoroutinefunction(getattr(AsyncEngineClient, n)) for n in calls(AsyncEngineClient))
+
+
+def test_sglang_command_needs_a_model_path_and_passes_engine_settings():
+    from gyre_hpc.config import EngineConfig
+    from gyre_hpc.engines.launch import sglang_command
+
+    with pytest.raises(EngineError, match="model_path"):
+        sglang_command(EngineConfig(kind="sglang"), 30001)
+    cmd = sglang_command(EngineConfig(kind="sglang", model_path="/m", sglang_args=("--attention-backend",
+                                                                                     "torch_native")), 30001)
+    assert cmd[1:3] == ["-m", "sglang.launch_server"] and "--skip-tokenizer-init" in cmd
+    assert cmd[cmd.index("--model-path") + 1] == "/m" and cmd[cmd.index("--port") + 1] == "30001"
+    assert cmd[-2:] == ["--attention-backend", "torch_native"]
