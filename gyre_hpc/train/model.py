@@ -93,12 +93,15 @@ def quiet_megatron():
 
 
 def build_model(cfg: ModelConfig, seed: int = 0) -> torch.nn.Module:
-    """A megatron-core ``GPTModel`` (local spec) on this process's device; starts a 1-process world if needed."""
+    """A megatron-core ``GPTModel`` (local spec) on this process's device, in the current model-parallel world
+    (``init_parallel``); starts a 1-process world when none exists."""
     with quiet_megatron():
+        from megatron.core import parallel_state as ps
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-        init_parallel(seed=seed)
+        if not ps.model_parallel_is_initialized():
+            init_parallel(seed=seed)
         torch.manual_seed(seed)
         model = GPTModel(
             config=transformer_config(cfg),
