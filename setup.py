@@ -3,6 +3,7 @@ from setuptools import find_packages, setup
 
 TRAIN = ["torch==2.13.0", "megatron-core==0.16.1", "psutil"]
 TRANSFER = ["mooncake-transfer-engine-non-cuda==0.3.13.post1"]  # needs Debian libibverbs1, even for TCP
+ENGINE = ["fastapi>=0.110", "uvicorn>=0.29", "httpx>=0.27"]
 MPI = ["mpi4py>=4.1"]
 SLURM = ["submitit>=1.5"]
 
@@ -17,9 +18,10 @@ setup(
     extras_require={
         "train": TRAIN,
         "transfer": TRANSFER,
+        "engine": ENGINE,
         "mpi": MPI,
         "slurm": SLURM,
-        "dev": TRAIN + TRANSFER + ["pytest>=8", "pytest-timeout>=2.2"],
+        "dev": TRAIN + TRANSFER + ENGINE + ["pytest>=8", "pytest-timeout>=2.2"],
     },
     entry_points={"console_scripts": ["gyre=gyre_hpc.cli:main"]},
 )
