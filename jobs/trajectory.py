@@ -13,7 +13,7 @@ from pathlib import Path
 from gyre_hpc.config import load_config
 from gyre_hpc.trajectory.pipeline import STATS_KEYS, build_batch, plan, save_packed
 from gyre_hpc.trajectory.records import read_tito, write_tito
-from gyre_hpc.trajectory.synth import DEFAULTS, synth_log
+from gyre_hpc.trajectory.synth import DEFAULTS, KNOB_DOCS, synth_log
 
 DESCRIPTION = """\
 gyre trajectory stats FILE [--j-max N|null] [--json]   runs, calls, paths, tokens (flat vs tree), exclusions
@@ -55,9 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         flag = "--" + name.replace("_", "-")
         if isinstance(default, tuple):
             synth.add_argument(flag, type=int, nargs=2, metavar=("MIN", "MAX"), default=default,
-                               help=f"range (default {default[0]} {default[1]})")
+                               help=f"{KNOB_DOCS[name]} (default {default[0]} {default[1]})")
         else:
-            synth.add_argument(flag, type=type(default), default=default, help=f"(default {default})")
+            synth.add_argument(flag, type=type(default), default=default, metavar=type(default).__name__.upper(),
+                               help=f"{KNOB_DOCS[name]} (default {default})")
 
 
 def _trajectory_config(args: argparse.Namespace):

@@ -125,6 +125,19 @@ DEFAULTS = dict(vocab_size=256, system_len=8, task_len=8, turns=(2, 5), output_l
                 separate_system_prob=0.3, shared_prefix_frac=1.0, timeout_rate=0.1, partial_rate=0.5,
                 eval_failure_rate=0.05, aborted_rate=0.0, score_levels=10, version=0, version_change_prob=0.1)
 
+KNOB_DOCS = dict(
+    vocab_size="token ids are drawn from [0, vocab_size)", system_len="system prompt tokens (shared by all runs)",
+    task_len="task tokens per query (and per summary / subagent task)", turns="main-agent turns per run",
+    output_len="generated tokens per call", tool_len="tool-output tokens after each call",
+    retry_prob="after a main call: chance of a retry", compression_prob="before a turn: chance of a compression",
+    subagent_prob="before a turn: chance of a subagent", subagent_turns="calls per subagent",
+    separate_system_prob="chance a subagent has its own system prompt (shares nothing)",
+    shared_prefix_frac="which earlier call a retry re-sends: 0 = the context's first, 1 = the latest",
+    timeout_rate="runs that time out (fewer turns)", partial_rate="timed-out runs whose partial work is scored",
+    eval_failure_rate="finished runs whose grader fails", aborted_rate="finished runs that are aborted",
+    score_levels="scores are k / score_levels", version="policy version of the outputs",
+    version_change_prob="chance a call's output switches to version + 1 midway")
+
 
 def synth_log(n_queries: int, runs_per_query: int, *, seed: int, **knobs) -> TitoLog:
     """A branching TITO log; knobs (see ``DEFAULTS``) control sizes, branch and outcome rates."""

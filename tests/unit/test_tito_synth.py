@@ -54,3 +54,9 @@ def test_lengths_and_vocab_knobs():
 def test_unknown_knob_is_rejected():
     with pytest.raises(TypeError, match="unknown knob"):
         synth_log(1, 1, seed=0, retries=0.5)
+
+
+def test_every_knob_is_documented():
+    from gyre_hpc.trajectory.synth import DEFAULTS, KNOB_DOCS
+
+    assert set(KNOB_DOCS) == set(DEFAULTS) and all(KNOB_DOCS.values())
