@@ -79,3 +79,12 @@ def test_a_group_of_one_scorable_run_has_no_signal():
     assert adv == {} and dropped == ["q"]
     adv, _ = group_advantages({"a": ("q", 0.7)}, "mean", 1e-6, "keep")
     assert adv == {"a": 0.0}
+
+
+def test_an_in_memory_log_with_an_unfinished_run_is_an_error():
+    from gyre_hpc.errors import TrajectoryError
+
+    log = TitoLog((Call.of("q0-r0", "c0", [1], [2]), Call.of("q0-r1", "c0", [1], [3])),
+                  (Outcome("q0-r0", "q0", RunStatus.SCORED, 1.0),))
+    with pytest.raises(TrajectoryError, match="run q0-r1 has no outcome"):
+        plan(log, TrajectoryConfig())
