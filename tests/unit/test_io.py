@@ -45,3 +45,10 @@ def test_atomic_json_is_readable(tmp_path):
 
     p = atomic_write_json(tmp_path / "m.json", {"b": 1, "a": [1, 2]})
     assert json.loads(p.read_text()) == {"a": [1, 2], "b": 1}
+
+
+def test_atomic_write_gives_ordinary_permissions(tmp_path):
+    p = atomic_write_text(tmp_path / "a.txt", "x")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert p.stat().st_mode & 0o777 == 0o666 & ~mask
