@@ -233,6 +233,41 @@ class TransferConfig:
         require(self.host.strip() != "", "host", "must be an address, got an empty string")
 
 
+@dataclass(frozen=True)
+class ProxyConfig:
+    """The proxy: the one /generate endpoint agents call; routes runs to engines, moves them off leaving cells."""
+
+    host: str = param("127.0.0.1", "Address the proxy listens on.")
+    port: int = param(31000, "Port the proxy listens on.")
+    routing: Literal["sticky_least_loaded", "round_robin"] = param(
+        "sticky_least_loaded", "A run stays on its engine while it serves, else least-loaded; or plain rotation."
+    )
+    mover: Literal["reprefill"] = param(
+        "reprefill", "How a cut request continues elsewhere: resubmit prompt + partial output (re-prefill)."
+    )
+    max_moves_per_call: int = param(8, "A call moved more often than this fails with HTTP 502 (counted as lost).")
+    default_max_new_tokens: int = param(128, "max_new_tokens of a call that gives none (the engines' default).")
+    request_timeout_s: float = param(600.0, "Read timeout of one engine /generate; a timeout is a broken connection.")
+    connect_retries: int = param(1, "Retries of a refused connection to an engine before it counts as broken.")
+    health_timeout_s: float = param(2.0, "After a broken connection /health is probed this long; no answer = DEAD.")
+    no_engine_wait_s: float = param(60.0, "A call that finds no ACTIVE engine waits this long for one, then fails.")
+    drain_timeout_s: float = param(60.0, "A drain waits this long for the engine's requests to leave it.")
+    abort_retry_s: float = param(0.2, "While draining, /abort_request is re-sent at this interval to requests left.")
+    event_log: str | None = param(None, "JSONL file the proxy appends its events to (moves, engines); null = none.")
+    startup_timeout_s: float = param(30.0, "Seconds start_proxy waits for the proxy's /health.")
+
+    def check(self) -> None:
+        require(1 <= self.port <= 65535, "port", f"must be a TCP port, got {self.port}")
+        require(self.host.strip() != "", "host", "must be an address, got an empty string")
+        for key in ("max_moves_per_call", "default_max_new_tokens"):
+            require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
+        require(self.connect_retries >= 0, "connect_retries", f"must be >= 0, got {self.connect_retries}")
+        for key in ("request_timeout_s", "health_timeout_s", "drain_timeout_s", "abort_retry_s", "startup_timeout_s"):
+            require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
+        require(self.no_engine_wait_s >= 0, "no_engine_wait_s", f"must be >= 0, got {self.no_engine_wait_s}")
+        require(self.event_log is None or self.event_log.strip() != "", "event_log", "must be a path or null")
+
+
 POLICY_NAMES = ("gyre", "colocate", "async", "async_streaming", "colocate_streaming")
 
 
@@ -341,6 +376,7 @@ class GyreConfig:
     scheduler: SchedulerConfig = param(SchedulerConfig(), "Scheduling policy (role switches, staleness).")
     workload: WorkloadConfig = param(WorkloadConfig(), "Simulated agent workload (parametric or trace).")
     sim: SimConfig = param(SimConfig(), "Simulator: compared policies, steps, cell physics.")
+    proxy: ProxyConfig = param(ProxyConfig(), "The proxy agents call: routing, TITO recording, moves.")
 
 
 # ----------------------------------------------------------------------------------------------- loader
