@@ -35,6 +35,17 @@ class CellLostError(GyreError):
     """A cell stopped answering (heartbeat missed, process died)."""
 
 
+class ProtocolError(GyreError):
+    """A message between the allocator and a cell (or an event-log line) is malformed or out of protocol.
+
+    ``source`` is the MPI rank it came from when known (``None`` for local messages and files).
+    """
+
+    def __init__(self, message: str, source: int | None = None):
+        super().__init__(message)
+        self.source = source
+
+
 class LayoutError(GyreError):
     """A cell layout does not fit the allocation."""
 

@@ -1,0 +1,69 @@
+"""The injected clock: everything that waits or stamps time takes a ``Clock``, never ``time`` directly.
+
+``WallClock`` is real time (seconds since the clock was made, from ``time.monotonic``); ``ManualClock`` is
+virtual time that moves only when someone sleeps on it or advances it, so a test of a polling loop with
+timeouts runs instantly and deterministically.
+
+Invariants
+- ``now()`` never decreases, for both clocks.
+- ``ManualClock.sleep(dt)`` advances ``now()`` by exactly ``dt``; a negative duration is a ``ValueError``
+  (a caller computing a negative wait has a bug).
+- ``ManualClock`` is safe to share between threads (one lock guards the time and the hooks).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Seconds on this clock's time line."""
+
+    def sleep(self, dt: float) -> None:
+        """Wait ``dt`` seconds of this clock's time."""
+
+
+class WallClock:
+    """Real time: ``now()`` is seconds since construction (monotonic, immune to wall-clock jumps)."""
+
+    def __init__(self) -> None:
+        self._t0 = time.monotonic()
+
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def sleep(self, dt: float) -> None:
+        if dt < 0:
+            raise ValueError(f"cannot sleep a negative duration ({dt} s)")
+        time.sleep(dt)
+
+
+class ManualClock:
+    """Virtual time for tests. ``on_sleep`` hooks run after every sleep (a scripted world acts there)."""
+
+    def __init__(self, t0: float = 0.0) -> None:
+        self._t = float(t0)
+        self._lock = threading.RLock()
+        self.on_sleep: list[Callable[[float], None]] = []
+        self.slept: list[float] = []
+
+    def now(self) -> float:
+        with self._lock:
+            return self._t
+
+    def advance(self, dt: float) -> float:
+        """Move time forward by ``dt`` without running the hooks; returns the new time."""
+        if dt < 0:
+            raise ValueError(f"cannot move a clock backwards ({dt} s)")
+        with self._lock:
+            self._t += dt
+            return self._t
+
+    def sleep(self, dt: float) -> None:
+        with self._lock:
+            now = self.advance(dt)
+            self.slept.append(dt)
+            for hook in list(self.on_sleep):
+                hook(now)
