@@ -155,8 +155,13 @@ class TrainConfig:
     weight_decay: float = param(0.0, "Decoupled weight decay (AdamW).")
     grad_clip: float | None = param(1.0, "Clip the global gradient norm to this value; null = no clipping.")
     mu: int = param(1, "Optimizer steps per training burst: the burst's rows are split in order into mu steps.")
-    micro_batch_rows: int | None = param(
-        None, "Rows per forward/backward (gradients accumulate over the step); null = all rows at once."
+    split_trees: bool = param(
+        True, "Cut packed rows into one row per tree before the forward (same logits; dense attention costs L^2)."
+    )
+    micro_batch_tokens: int | None = param(
+        None,
+        "Padded tokens per forward/backward: rows are grouped by length up to this budget and gradients "
+        "accumulate over the step; null = all rows in one forward.",
     )
     threads: int | None = param(None, "torch intra-op threads on the CPU; null = leave torch's default.")
 
@@ -171,7 +176,7 @@ class TrainConfig:
         require(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
         require(self.grad_clip is None or self.grad_clip > 0, "grad_clip", f"must be > 0 or null, got {self.grad_clip}")
         require(self.mu >= 1, "mu", f"must be >= 1, got {self.mu}")
-        for key in ("micro_batch_rows", "threads"):
+        for key in ("micro_batch_tokens", "threads"):
             v = getattr(self, key)
             require(v is None or v >= 1, key, f"must be >= 1 or null, got {v}")
 

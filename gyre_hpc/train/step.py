@@ -1,15 +1,16 @@
 """The training step: ``PackedBatch`` rows (flat or tree) → loss → gradients → one optimizer step.
 
 One step sums the per-token loss of ``gyre_hpc.train.loss`` over all rows of the batch, normalised by the
-batch's trained tokens, accumulating gradients over micro-batches of ``train.micro_batch_rows`` rows; the
-global gradient norm is clipped to ``train.grad_clip``; then AdamW steps and the policy ``version`` grows by one.
+batch's trained tokens. Rows are cut into one row per tree (``train.split_trees``) and grouped by length into
+micro-batches of at most ``train.micro_batch_tokens`` padded tokens (``gyre_hpc.train.layout``), gradients
+accumulating over them; the global gradient norm is clipped to ``train.grad_clip``; then AdamW steps and the policy ``version`` grows by one.
 A burst (``Trainer.burst``) splits its rows, in order, into ``train.mu`` such steps.
 
 Invariants
 - Flat and tree packings of the same paths give the same loss and the same gradients (up to float rounding):
   the normaliser is the whole batch's trained tokens, and the mask and position ids reproduce each path's
   context exactly.
-- Micro-batching does not change the loss or the gradients (up to float rounding).
+- Splitting trees and micro-batching do not change the loss or the gradients (up to float rounding).
 - ``version`` counts optimizer steps; ``state_dict``/``load_state_dict`` and checkpoints round-trip model,
   optimizer and version exactly.
 - A batch with token ids outside the vocabulary, positions beyond ``model.max_seq_len`` or no trained token
@@ -29,10 +30,11 @@ import torch.distributed as dist
 from gyre_hpc.config import ModelConfig, TrainConfig
 from gyre_hpc.errors import TrajectoryError
 from gyre_hpc.train import checkpoint
+from gyre_hpc.train.layout import micro_batches, split_trees
 from gyre_hpc.train.loss import gather_logprobs, policy_loss
 from gyre_hpc.train.model import build_model, forward_logits
 from gyre_hpc.trajectory.batch import FIELDS, PackedBatch
-from gyre_hpc.trajectory.collate import select_rows, to_tensors
+from gyre_hpc.trajectory.collate import to_tensors
 
 
 def split_rows(batch: PackedBatch, parts: int) -> list[PackedBatch]:
@@ -79,23 +81,20 @@ class Trainer:
         self._check(batch)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        t = to_tensors(batch, self.device)
         Z = float(batch.loss_mask.sum())
-        R = batch.shape[0]
-        mb = self.cfg.micro_batch_rows or R
+        rows = split_trees(batch) if self.cfg.split_trees else batch
         loss_sum, kept = 0.0, []
-        for a in range(0, R, mb):
-            m = select_rows(t, slice(a, a + mb))
-            select = m["loss_mask"] > 0
-            if not bool(select.any()):
+        for part in micro_batches(rows, self.cfg.micro_batch_tokens):
+            if part.trained_tokens == 0:
                 continue
+            m = to_tensors(part, self.device)
             logits = forward_logits(self.model, m["input_ids"], m["position_ids"], m["attention_mask"])
-            logp, entropy, (r, c) = gather_logprobs(logits, m["parent"], m["input_ids"], select)
-            weight, old = m["loss_mask"][r, c], m["old_logprob"][r, c]
-            loss, _ = policy_loss(logp, m["advantage"][r, c], weight, Z, self.cfg.loss, old, self.cfg.clip_eps)
+            logp, entropy, (r, c) = gather_logprobs(logits, m["parent"], m["input_ids"], m["loss_mask"] > 0)
+            weight, old, adv = m["loss_mask"][r, c], m["old_logprob"][r, c], m["advantage"][r, c]
+            loss, _ = policy_loss(logp, adv, weight, Z, self.cfg.loss, old, self.cfg.clip_eps)
             loss.backward()
             loss_sum += float(loss.detach())
-            kept.append((logp.detach(), entropy, weight, m["advantage"][r, c], old))
+            kept.append((logp.detach(), entropy, weight, adv, old))
         logp, entropy, weight, adv, old = (torch.cat(x) for x in zip(*kept))
         _, stats = policy_loss(logp, adv, weight, Z, self.cfg.loss, old, self.cfg.clip_eps)
         return {

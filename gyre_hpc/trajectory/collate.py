@@ -36,8 +36,3 @@ def to_tensors(batch: PackedBatch, device: str | torch.device = "cpu") -> dict[s
     out.update({k: torch.from_numpy(np.array(getattr(batch, k), dtype=np.float32)).to(device) for k in FLOAT_FIELDS})
     out["attention_mask"] = attention_mask(out["span_end"])
     return out
-
-
-def select_rows(t: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
-    """The same tensors restricted to ``rows`` (a micro-batch)."""
-    return {k: v[rows] for k, v in t.items()}

@@ -1,0 +1,67 @@
+"""Compute layout of a training step: which rows go through one forward, and how long they are.
+
+The local (CPU) attention computes a dense ``[L, L]`` score matrix per row, masked afterwards, so a row costs
+``O(L^2)`` however few of its pairs the tree mask allows. Trees of one packed row never attend to each other,
+so the trainer may cut a row into its trees and regroup rows of similar length without changing any logit::
+
+    packed row   [ tree A (5) | tree B (3) | pad ]          per-tree rows   [ A A A A A ]
+                                                                            [ B B B pad pad ]
+
+``split_trees`` makes every tree (every valid position with ``parent == -1`` and its span) its own row;
+``micro_batches`` sorts rows by length and groups them so that rows x longest row <= ``max_tokens``, trimming
+the padding columns of each group.
+
+Invariants
+- Every valid token appears exactly once across the result, with its tree's parents, spans and depths
+  re-indexed to the new row; the tokens each token attends to are unchanged, so logits and the loss are too.
+- Padding follows the valid tokens of each row and carries parent -1, span_end == its position, loss_mask 0.
+- A group holds at least one row, even one longer than ``max_tokens``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from gyre_hpc.trajectory.batch import FIELDS, PackedBatch
+
+_PAD = dict(parent=-1, version=-1)
+
+
+def _from_segments(batch: PackedBatch, segments: list[tuple[int, int, int]]) -> PackedBatch:
+    """Rows made of ``(row, start, end)`` slices of ``batch``; index fields are shifted by ``start``."""
+    L = max((e - s for _, s, e in segments), default=0)
+    out = {}
+    for name in FIELDS:
+        src = getattr(batch, name)
+        arr = np.full((len(segments), L), _PAD.get(name, 0), dtype=src.dtype)
+        if name == "span_end":
+            arr[:] = np.arange(L)
+        for k, (r, s, e) in enumerate(segments):
+            v = src[r, s:e]
+            if name == "parent":
+                v = np.where(v >= 0, v - s, -1)
+            elif name == "span_end":
+                v = v - s
+            arr[k, : e - s] = v
+        out[name] = arr
+    return PackedBatch(**out, lengths=np.array([e - s for _, s, e in segments], dtype=np.int64))
+
+
+def split_trees(batch: PackedBatch) -> PackedBatch:
+    """One row per tree (pre-order root and its span), in row order then position order."""
+    segments = []
+    for r, n in enumerate(batch.lengths):
+        roots = np.nonzero(batch.parent[r, :n] < 0)[0]
+        segments += [(r, int(i), int(batch.span_end[r, i]) + 1) for i in roots]
+    return _from_segments(batch, segments)
+
+
+def micro_batches(batch: PackedBatch, max_tokens: int | None) -> list[PackedBatch]:
+    """Rows grouped by length (longest first), each group at most ``max_tokens`` padded tokens; None = one group."""
+    order = [int(r) for r in np.argsort(-batch.lengths, kind="stable")]
+    groups: list[list[int]] = []
+    for r in order:
+        if groups and (max_tokens is None or (len(groups[-1]) + 1) * int(batch.lengths[groups[-1][0]]) <= max_tokens):
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    return [_from_segments(batch, [(r, 0, int(batch.lengths[r])) for r in g]) for g in groups]
