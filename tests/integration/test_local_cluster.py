@@ -19,7 +19,6 @@ from gyre_hpc.config import ClusterConfig
 from gyre_hpc.slurm.layout import plan
 from slurm_cluster import ROOT, local_slurm, mpirun, sbatch, script  # noqa: F401  (fixtures)
 
-pytestmark = pytest.mark.slurm
 PY = sys.executable
 MPI_PROG = """
 import json, os
@@ -48,6 +47,7 @@ def write(tmp_path, name, text):
     return tmp_path / name
 
 
+@pytest.mark.slurm
 def test_sbatch_runs_one_task_on_each_emulated_node_and_env_parses_there(local_slurm, tmp_path):
     prog = write(tmp_path, "env.py", ENV_PROG)
     run = sbatch(tmp_path, f"srun {PY} {prog}", "-N4", "--ntasks-per-node=1")
@@ -56,6 +56,7 @@ def test_sbatch_runs_one_task_on_each_emulated_node_and_env_parses_there(local_s
     assert all(r["nodes"] == r["job_nodes"] == ["n1", "n2", "n3", "n4"] and r["ntasks"] == 4 for r in got)
 
 
+@pytest.mark.slurm
 @pytest.mark.mpi
 def test_srun_pmix_starts_one_mpi_world_across_four_nodes(local_slurm, tmp_path):
     prog = write(tmp_path, "mpi.py", MPI_PROG)
@@ -65,6 +66,7 @@ def test_srun_pmix_starts_one_mpi_world_across_four_nodes(local_slurm, tmp_path)
     assert [r["node"] for r in got] == ["n1", "n2", "n3", "n4"]
 
 
+@pytest.mark.slurm
 def test_two_cell_steps_run_concurrently_in_one_allocation(local_slurm, tmp_path):
     """Each task waits until all four have started: the steps fail unless they run at the same time."""
     layout = plan(ClusterConfig(cells=2, nodes_per_cell=2), ("n1", "n2", "n3", "n4"))
@@ -77,6 +79,7 @@ def test_two_cell_steps_run_concurrently_in_one_allocation(local_slurm, tmp_path
     assert sorted(run.lines()) == ["n[1-2] n1", "n[1-2] n2", "n[3-4] n3", "n[3-4] n4"]
 
 
+@pytest.mark.slurm
 @pytest.mark.mpi
 def test_control_world_follows_the_layout_while_cell_steps_start_beside_it(local_slurm, tmp_path):
     """The allocator + cell leaders form one pmix world placed by control_srun_args; each rank checks its own
@@ -120,11 +123,13 @@ def test_mpirun_oversubscribed_world_outside_slurm(mpirun, tmp_path):
     assert [(r["rank"], r["size"], r["sum"]) for r in got] == [(0, 4, 6), (1, 4, 6), (2, 4, 6), (3, 4, 6)]
 
 
+@pytest.mark.slurm
 def test_impossible_request_fails_at_submission_instead_of_pending(local_slurm, tmp_path):
     out = subprocess.run(["sbatch", "-N5", "--wrap", "true"], capture_output=True, text=True, timeout=30)
     assert out.returncode != 0 and "Batch job submission failed" in out.stderr, out.stderr
 
 
+@pytest.mark.slurm
 def test_scancel_stops_a_running_job_and_its_processes(local_slurm, tmp_path):
     pid_file = tmp_path / "pid"
     job = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", "--wrap", f"echo $$ > {pid_file}; exec sleep 300"],
@@ -153,10 +158,12 @@ def executor(tmp_path, **params):
     return ex
 
 
+@pytest.mark.slurm
 def test_submitit_job_returns_its_result(local_slurm, tmp_path):
     assert executor(tmp_path).submit(pow, 2, 10).result() == 1024
 
 
+@pytest.mark.slurm
 def test_submitit_multi_task_job_gives_each_task_its_rank_and_node(local_slurm, tmp_path):
     from slurm_cluster import rank_and_node
 
@@ -164,6 +171,7 @@ def test_submitit_multi_task_job_gives_each_task_its_rank_and_node(local_slurm, 
     assert sorted(job.results()) == [(0, 2, "n1"), (1, 2, "n2")]
 
 
+@pytest.mark.slurm
 def test_submitit_job_raising_an_exception_raises_with_its_traceback(local_slurm, tmp_path):
     import submitit
 
@@ -172,6 +180,7 @@ def test_submitit_job_raising_an_exception_raises_with_its_traceback(local_slurm
         job.result()
 
 
+@pytest.mark.slurm
 def test_submitit_jobs_killed_without_a_result_raise_within_bounded_time(local_slurm, tmp_path):
     """No result file (a hard exit, a scancel): only sacct, here the stand-in, can tell submitit the job is
     over. After that submitit still waits 15 s for a late result file (slow shared filesystems) before it
@@ -209,6 +218,7 @@ def standin():
     return module
 
 
+@pytest.mark.slurm
 def test_sacct_standin_answers_submitits_query_for_every_end_state(local_slurm, tmp_path):
     from submitit.slurm.slurm import SlurmInfoWatcher
 
@@ -234,6 +244,7 @@ def test_sacct_standin_answers_submitits_query_for_every_end_state(local_slurm, 
     assert info[ok]["NodeList"] == "n1"
 
 
+@pytest.mark.slurm
 def test_sacct_standin_remembers_finished_jobs_in_the_jobcomp_log(local_slurm, tmp_path):
     job = sbatch(tmp_path, "exit 4").job_id
     mod = standin()
@@ -241,6 +252,7 @@ def test_sacct_standin_remembers_finished_jobs_in_the_jobcomp_log(local_slurm, t
     assert finished[str(job)]["JobState"] == "FAILED" and finished[str(job)]["ExitCode"] == "4:0"
 
 
+@pytest.mark.slurm
 def test_sacct_standin_defers_to_real_sacct_when_accounting_is_on(local_slurm, tmp_path):
     conf = tmp_path / "slurm.conf"
     conf.write_text(local_slurm.conf.read_text().replace("accounting_storage/none", "accounting_storage/slurmdbd"))
@@ -250,6 +262,7 @@ def test_sacct_standin_defers_to_real_sacct_when_accounting_is_on(local_slurm, t
 
 
 # ------------------------------------------------------------------------------------------------ the script
+@pytest.mark.slurm
 def test_start_is_idempotent_and_keeps_the_running_daemons(local_slurm):
     pids = {p.name: p.read_text() for p in (local_slurm.dir / "run").glob("*.pid")}
     out = script("start", timeout=60)
@@ -258,6 +271,7 @@ def test_start_is_idempotent_and_keeps_the_running_daemons(local_slurm):
     assert len(pids) == 2 + 4  # munged, slurmctld, slurmd n1..n4
 
 
+@pytest.mark.slurm
 def test_a_second_cluster_starts_from_scratch_and_stops_by_pid(local_slurm):
     links = {p: os.readlink(p) for p in ("/etc/slurm/slurm.conf", "/usr/local/bin/sacct") if os.path.islink(p)}
     tmp_path = Path(tempfile.mkdtemp(prefix="gyre-slurm-test-", dir="/tmp"))  # munged must reach it: not 0700
