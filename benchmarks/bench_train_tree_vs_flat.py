@@ -30,7 +30,9 @@ def fork_log(fraction: float, path_len: int, paths: int, vocab: int, seed: int):
     """A TITO log of runs with K retries of one prompt: f = (K-1)/K * P/(P+B) ≈ ``fraction``."""
     from gyre_hpc.trajectory.records import Call, Outcome, RunStatus, TitoLog
 
-    K = 1 if fraction <= 0 else next(k for k in (2, 4, 8, 16, 32, 64) if (k - 1) / k >= fraction / 0.96)
+    K = 1 if fraction <= 0 else next(k for k in (2, 4, 8, 16, 32, 64) if (k - 1) / k >= fraction / 0.96 - 1e-9)
+    if paths % (2 * K):
+        raise SystemExit(f"--paths {paths} must be a multiple of 2 runs x {K} paths for fraction {fraction}")
     P = path_len - 1 if K == 1 else round(fraction * K / (K - 1) * path_len)
     B = path_len - P
     rng = np.random.default_rng(seed)
@@ -48,7 +50,7 @@ def fork_log(fraction: float, path_len: int, paths: int, vocab: int, seed: int):
 def median_step_times(trainer, batches: dict, warmup: int, steps: int) -> dict[str, list[float]]:
     times = {m: [] for m in batches}
     for i in range(warmup + steps):
-        for mode, batch in batches.items():  # interleaved: machine load hits both modes alike
+        for mode, batch in sorted(batches.items(), reverse=bool(i % 2)):  # ABBA order  # interleaved: machine load hits both modes alike
             t0 = time.perf_counter()
             trainer.step(batch)
             if i >= warmup:
@@ -90,7 +92,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fractions", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 0.9])
     ap.add_argument("--path-len", type=int, default=128, help="tokens per path (prefix + branch)")
-    ap.add_argument("--paths", type=int, default=64, help="paths per batch (a multiple of 2 * 32)")
+    ap.add_argument("--paths", type=int, default=64, help="paths per batch (a multiple of 2 * 16)")
     ap.add_argument("--max-row-tokens", type=int, default=512, help="trajectory.max_row_tokens for both modes")
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
