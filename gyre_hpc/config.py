@@ -309,6 +309,34 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class AllocatorConfig:
+    """The live allocator (rank 0): when a live run stops, heartbeats, polling, orderly shutdown, event log."""
+
+    steps: int = param(10, "Optimizer steps of a live run; after the last one the allocator shuts every cell down.")
+    heartbeat_interval_s: float = param(1.0, "A cell sends a heartbeat when it has sent nothing for this long.")
+    heartbeat_timeout_s: float = param(
+        30.0, "A cell silent this long is LOST (logged, its runs re-homed, never given an order again)."
+    )
+    hello_timeout_s: float = param(600.0, "A cell that has not said Hello this long after the allocator started is LOST.")
+    poll_backoff_min_s: float = param(1e-4, "First sleep of an idle polling loop; it doubles after every empty poll.")
+    poll_backoff_max_s: float = param(5e-3, "Longest sleep of an idle polling loop (the reaction-time bound).")
+    shutdown_timeout_s: float = param(30.0, "Seconds the allocator waits for every cell's Bye after sending Shutdown.")
+    events_file: str = param("events.jsonl", "Event log (JSONL) in the run directory: every order, switch and loss.")
+
+    def check(self) -> None:
+        require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
+        for key in ("heartbeat_interval_s", "hello_timeout_s", "poll_backoff_min_s", "shutdown_timeout_s"):
+            require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
+        require(self.heartbeat_timeout_s >= 2 * self.heartbeat_interval_s, "heartbeat_timeout_s",
+                f"must be >= 2 x heartbeat_interval_s = {2 * self.heartbeat_interval_s} (one late beat is not a "
+                f"loss), got {self.heartbeat_timeout_s}")
+        require(self.poll_backoff_max_s >= self.poll_backoff_min_s, "poll_backoff_max_s",
+                f"must be >= poll_backoff_min_s = {self.poll_backoff_min_s}, got {self.poll_backoff_max_s}")
+        require(self.events_file.strip() != "" and "/" not in self.events_file, "events_file",
+                f"must be a file name inside the run directory, got {self.events_file!r}")
+
+
+@dataclass(frozen=True)
 class WorkloadConfig:
     """Simulated agent runs: a parametric model (turns x per-turn cost) or a trace of a real job."""
 
@@ -379,6 +407,7 @@ class GyreConfig:
     train: TrainConfig = param(TrainConfig(), "The training step and optimizer.")
     transfer: TransferConfig = param(TransferConfig(), "Weight transfer between cells.")
     scheduler: SchedulerConfig = param(SchedulerConfig(), "Scheduling policy (role switches, staleness).")
+    allocator: AllocatorConfig = param(AllocatorConfig(), "Live allocator: heartbeats, shutdown, stop condition.")
     workload: WorkloadConfig = param(WorkloadConfig(), "Simulated agent workload (parametric or trace).")
     sim: SimConfig = param(SimConfig(), "Simulator: compared policies, steps, cell physics.")
     proxy: ProxyConfig = param(ProxyConfig(), "The proxy agents call: routing, TITO recording, moves.")

@@ -1,0 +1,350 @@
+"""The proxy's live core (asyncio): serves harness calls on engines, moves them off leaving engines, records TITO.
+
+One event loop owns every piece of state (router, requests in flight, recorder, event log); the HTTP layer
+(``server.py``) only parses and answers. Life of one harness call (``generate``)::
+
+    loop until the output is complete:
+        route          Router.start: the run's engine, or the least-loaded ACTIVE one (waits for one to appear)
+        [move]         if the previous request was cut: mover.prepare(plan), log "move" with its cost
+        request        POST /generate {prompt + partial so far, max_new_tokens - partial}
+        classify the answer:
+          finished (length/stop)              → last segment: done
+          aborted by the harness              → done, finish reason abort
+          aborted otherwise (drain, shutdown) → keep the partial tokens, move
+          cancelled (engine marked dead)      → move from what was kept before this request
+          no answer (connection broke)        → probe /health: dead → mark dead; alive → abort it there; move
+          refused (HTTP 4xx/5xx)              → first request: the harness gets it; later: move elsewhere
+    answer in SGLang's shape; record ONE TITO call
+
+Invariants (tests/integration/test_proxy.py)
+- The harness gets one answer per call; an error only for bad input (4xx), or when the call is lost: no ACTIVE
+  engine within ``no_engine_wait_s`` while it was being moved, or more than ``max_moves_per_call`` moves. A lost
+  call is logged (``call_lost``) and counted (``calls_lost``, ``runs_lost``).
+- Every engine request started in the router is finished there exactly once (``finally``), so loads never drift.
+- Each move is logged once with its cost; each state change of an engine is logged once.
+- A call is recorded in TITO exactly when its answer goes back to the harness.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from gyre_hpc.config import ProxyConfig
+from gyre_hpc.engines.client import AsyncEngineClient
+from gyre_hpc.errors import EngineError
+from gyre_hpc.proxy.calls import CallRequest, Segment, answer, continuation, parse_call, produced, tito_call
+from gyre_hpc.proxy.events import EventLog
+from gyre_hpc.proxy.movers import MovePlan, Mover, make_mover
+from gyre_hpc.proxy.recorder import TitoRecorder
+from gyre_hpc.proxy.routing import Engine, EngineState, NoEngineError, ProxyError, Router
+from gyre_hpc.trajectory.records import Outcome
+
+HARNESS_ABORT = {"type": "abort", "message": "aborted by the harness"}
+
+
+@dataclass(eq=False)
+class _Request:
+    """One engine request in flight."""
+
+    key: str
+    engine: Engine
+    task: asyncio.Task | None = None
+    move_reason: str | None = None
+    move_t0: float | None = None
+    abort_sent: float = float("-inf")
+
+
+@dataclass(frozen=True)
+class _Move:
+    reason: str
+    source: Engine
+    t0: float
+    source_alive: bool
+    partial: int  # tokens the source produced in the cut request
+
+
+@dataclass(eq=False)
+class _Call:
+    req: CallRequest
+    t_start: float
+    segments: list[Segment] = field(default_factory=list)
+    moves: int = 0
+    harness_abort: bool = False
+    current: _Request | None = None
+
+
+class ProxyService:
+    def __init__(self, cfg: ProxyConfig, events: EventLog | None = None, mover: Mover | None = None):
+        self.cfg = cfg
+        self.router = Router(cfg.routing)
+        self.events = events if events is not None else EventLog(cfg.event_log)
+        self.recorder = TitoRecorder()
+        self.mover = mover if mover is not None else make_mover(cfg.mover)
+        self._clients: dict[str, AsyncEngineClient] = {}
+        self._requests: dict[str, _Request] = {}  # engine rid -> request
+        self._calls: dict[str, _Call] = {}  # harness rid -> call
+        self._keys = itertools.count()
+        self._wake = asyncio.Event()
+        self.counts = {"calls_done": 0, "moves": 0, "calls_lost": 0}
+        self._runs_moved: set[str] = set()
+        self._runs_lost: set[str] = set()
+
+    # ------------------------------------------------------------------------------------------- engines
+    def add_engine(self, url: str, cell: int, name: str | None = None) -> Engine:
+        name = name or url.rstrip("/")
+        eng = self.router.add(name, url.rstrip("/"), cell)
+        old = self._clients.get(name)
+        if old is None or old.url != eng.url:
+            self._clients[name] = AsyncEngineClient(eng.url, timeout=self.cfg.request_timeout_s,
+                                                    connect_retries=self.cfg.connect_retries)
+            if old is not None:
+                asyncio.ensure_future(old.aclose())
+        self.events.write("engine_added", engine=name, url=eng.url, cell=cell)
+        self._wake.set()
+        return eng
+
+    def _names(self, engine: str | None, cell: int | None) -> list[str]:
+        if (engine is None) == (cell is None):
+            raise ProxyError("give exactly one of 'engine' (a name) or 'cell' (an index)")
+        return [self.router.engine(engine).name] if engine is not None else self.router.cell_engines(cell)
+
+    async def drain(self, engine: str | None = None, cell: int | None = None,
+                    timeout_s: float | None = None) -> dict:
+        """Stop routing to the engines and move their requests elsewhere; returns once none is left there."""
+        names = self._names(engine, cell)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        keys = self.router.drain(names)
+        for name in names:
+            eng = self.router.engine(name)
+            self.events.write("engine_draining", engine=name, cell=eng.cell, in_flight=eng.load)
+        for key in keys:
+            self._flag(key, "drain", t0)
+        deadline = t0 + (self.cfg.drain_timeout_s if timeout_s is None else timeout_s)
+        while (left := [k for n in names for k in sorted(self.router.engine(n).in_flight)]) and loop.time() < deadline:
+            await asyncio.gather(*(self._abort_request(k, loop.time()) for k in left))
+            await asyncio.sleep(min(self.cfg.abort_retry_s, 0.05))
+        seconds = loop.time() - t0
+        for name in names:
+            self.events.write("engine_drained", engine=name, cell=self.router.engine(name).cell, moved=len(keys),
+                              seconds=seconds, left=len(self.router.engine(name).in_flight))
+        return {"engines": names, "moved": len(keys), "left": left, "seconds": seconds}
+
+    def _flag(self, key: str, reason: str, t0: float) -> _Request | None:
+        r = self._requests.get(key)
+        if r is not None and r.move_reason is None:
+            r.move_reason, r.move_t0 = reason, t0
+        return r
+
+    async def _abort_request(self, key: str, now: float) -> None:
+        r = self._requests.get(key)
+        if r is None or now - r.abort_sent < self.cfg.abort_retry_s:
+            return
+        self._flag(key, "drain", now)
+        r.abort_sent = now
+        with contextlib.suppress(EngineError):
+            await self._clients[r.engine.name].abort(key)
+
+    def mark_dead(self, engine: str | None = None, cell: int | None = None, reason: str = "reported dead") -> dict:
+        """The engines died: their requests' connections are dropped and the requests resubmitted elsewhere."""
+        names = self._names(engine, cell)
+        now = asyncio.get_running_loop().time()
+        keys = []
+        for name in names:
+            eng = self.router.engine(name)
+            if eng.state is EngineState.DEAD:
+                continue
+            keys += self.router.mark_dead([name])
+            self.events.write("engine_dead", engine=name, cell=eng.cell, reason=reason, in_flight=eng.load)
+        for key in keys:
+            r = self._flag(key, "dead", now)
+            if r is not None and r.task is not None:
+                r.task.cancel()
+        return {"engines": names, "moved": len(keys)}
+
+    async def remove(self, engine: str | None = None, cell: int | None = None) -> dict:
+        """Forget engines (a cell left rollout for good); engines still serving are drained first."""
+        names = self._names(engine, cell)
+        moved = 0
+        for name in names:
+            if self.router.engine(name).state is EngineState.ACTIVE or self.router.engine(name).in_flight:
+                moved += (await self.drain(engine=name))["moved"]
+            eng = self.router.remove(name)
+            client = self._clients.pop(name, None)
+            if client is not None:
+                await client.aclose()
+            self.events.write("engine_removed", engine=name, cell=eng.cell)
+        return {"engines": names, "moved": moved}
+
+    # -------------------------------------------------------------------------------------------- calls
+    async def generate(self, body: Any) -> dict:
+        req = parse_call(body, self.cfg.default_max_new_tokens)
+        if req.rid in self._calls:
+            raise ProxyError(f"rid: call {req.rid!r} is already in flight", 409)
+        self.recorder.reserve(req.run_id, req.call_id)
+        call = self._calls[req.rid] = _Call(req, time.time())
+        recorded = False
+        try:
+            await self._serve(call)
+            if call.harness_abort and not (call.segments and call.segments[-1].aborted):
+                call.segments.append(Segment("", (), (), (), HARNESS_ABORT))
+            t_end = time.time()
+            body = answer(req, call.segments, t_end - call.t_start, call.moves)
+            self.recorder.add_call(tito_call(req, call.segments, call.t_start, t_end))
+            recorded = True
+            self.counts["calls_done"] += 1
+            if call.moves:
+                self.events.write("moved_call_done", rid=req.rid, run_id=req.run_id, call_id=req.call_id,
+                                  moves=call.moves, engines=body["meta_info"]["proxy"]["engines"],
+                                  output_tokens=len(produced(call.segments)), seconds=t_end - call.t_start)
+            return body
+        except asyncio.CancelledError:
+            self.events.write("call_cancelled", rid=req.rid, run_id=req.run_id, moves=call.moves)
+            raise
+        finally:
+            del self._calls[req.rid]
+            if not recorded:
+                self.recorder.unreserve(req.run_id, req.call_id)
+
+    async def _serve(self, call: _Call) -> None:
+        move: _Move | None = None
+        while not call.harness_abort:
+            nxt = continuation(call.req, call.segments)
+            if nxt is None:
+                return
+            if move is not None and call.moves >= self.cfg.max_moves_per_call:
+                raise self._lost(call, f"moved {call.moves} times (proxy.max_moves_per_call)", 502)
+            key = f"{call.req.rid}~{next(self._keys)}"
+            try:
+                eng = await self._start(key, call.req.run_id, [move.source.name] if move else [])
+            except NoEngineError as exc:
+                raise (self._lost(call, str(exc), 503) if move is not None else exc) from None
+            r = self._requests[key] = call.current = _Request(key, eng)
+            try:
+                if move is not None:
+                    await self._log_move(call, move, eng, nxt[0])
+                move = await self._run(call, r, *nxt, first=not call.segments and move is None)
+            finally:
+                del self._requests[key]
+                call.current = None
+                self.router.finish(key)
+            if move is None:
+                return
+
+    async def _start(self, key: str, run_id: str, avoid: list[str]) -> Engine:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.no_engine_wait_s
+        while True:
+            try:
+                return self.router.start(key, run_id, avoid)
+            except NoEngineError:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise NoEngineError(f"no ACTIVE rollout engine for {self.cfg.no_engine_wait_s:g} s") from None
+                self._wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), left)
+
+    async def _run(self, call: _Call, r: _Request, input_ids: list[int], sampling: dict, first: bool) -> _Move | None:
+        """One engine request; returns the move to make next, or None when the call is complete."""
+        eng = r.engine
+        if r.move_reason == "dead":  # marked dead while the move was being prepared: never send it there
+            return _Move("dead", eng, r.move_t0, False, 0)
+        r.task = asyncio.ensure_future(self._clients[eng.name].generate(input_ids, sampling, rid=r.key,
+                                                                        return_logprob=True))
+        try:
+            await asyncio.wait({r.task})
+        except asyncio.CancelledError:  # the harness hung up: dropping the connection makes the engine abort it
+            r.task.cancel()
+            raise
+        now = asyncio.get_running_loop().time()
+        if r.task.cancelled():  # mark_dead cancelled it: nothing came back
+            return _Move(r.move_reason or "dead", eng, r.move_t0 or now, False, 0)
+        exc = r.task.exception()
+        if exc is None:
+            seg = Segment.of(eng.name, r.task.result())
+            if not seg.aborted or call.harness_abort:
+                call.segments.append(seg)
+                return None
+            call.segments += [seg] if seg.output_ids else []
+            return _Move(r.move_reason or "engine_abort", eng, r.move_t0 or now, True, len(seg.output_ids))
+        if not isinstance(exc, EngineError):
+            raise exc
+        if exc.status is None:
+            alive = await self._probe(eng, str(exc))
+            if alive:
+                with contextlib.suppress(EngineError):
+                    await self._clients[eng.name].abort(r.key)
+            return _Move("broken" if alive else "dead", eng, r.move_t0 or now, alive, 0)
+        if first and exc.status != 503:
+            raise ProxyError(str(exc), exc.status)
+        return _Move(f"refused ({exc.status})", eng, now, True, 0)
+
+    async def _probe(self, eng: Engine, what: str) -> bool:
+        """After a broken connection: is the engine still there? If not, mark it dead (moving its other requests)."""
+        if eng.state is EngineState.DEAD:
+            return False
+        client = self._clients.get(eng.name)
+        if client is not None and await client.health(timeout=self.cfg.health_timeout_s):
+            return True
+        if eng.name in self._clients and self.router.engine(eng.name).state is not EngineState.DEAD:
+            self.mark_dead(engine=eng.name, reason=f"no answer to /generate ({what}) and none to /health")
+        return False
+
+    async def _log_move(self, call: _Call, move: _Move, target: Engine, tokens: list[int]) -> None:
+        plan = MovePlan(call.req.rid, move.source.name, move.source.url, move.source_alive, target.name, target.url,
+                        tuple(tokens))
+        cost = await self.mover.prepare(plan)
+        call.moves += 1
+        self.counts["moves"] += 1
+        self._runs_moved.add(call.req.run_id)
+        self.events.write(
+            "move", rid=call.req.rid, run_id=call.req.run_id, call_id=call.req.call_id, reason=move.reason,
+            from_engine=move.source.name, from_cell=move.source.cell, to_engine=target.name, to_cell=target.cell,
+            partial_tokens=move.partial, output_tokens=len(produced(call.segments)),
+            reprefill_tokens=cost.reprefill_tokens, moved_tokens=cost.moved_tokens,
+            seconds=asyncio.get_running_loop().time() - move.t0, mover=self.mover.name, move=call.moves)
+
+    def _lost(self, call: _Call, why: str, status: int) -> ProxyError:
+        self.counts["calls_lost"] += 1
+        self._runs_lost.add(call.req.run_id)
+        self.events.write("call_lost", rid=call.req.rid, run_id=call.req.run_id, call_id=call.req.call_id,
+                          reason=why, output_tokens=len(produced(call.segments)), moves=call.moves)
+        return ProxyError(f"call {call.req.rid} lost: {why}", status)
+
+    async def abort(self, rid: str | None = None, abort_all: bool = False) -> int:
+        """The harness aborts its own calls: they end with what they have (finish reason abort), never moved."""
+        calls = list(self._calls.values()) if abort_all else [self._calls[rid]] if rid in self._calls else []
+        for call in calls:
+            call.harness_abort = True
+        await asyncio.gather(*(self._abort_current(c) for c in calls))
+        return len(calls)
+
+    async def _abort_current(self, call: _Call) -> None:
+        r = call.current
+        if r is not None:
+            with contextlib.suppress(EngineError):
+                await self._clients[r.engine.name].abort(r.key)
+
+    # ------------------------------------------------------------------------------------------- status
+    def record_outcome(self, outcome: Outcome) -> None:
+        self.recorder.add_outcome(outcome)
+        self.router.release(outcome.run_id)
+
+    def flush_tito(self, path: str, run_ids: Iterable[str] | None = None) -> dict:
+        return self.recorder.flush(path, run_ids)
+
+    def stats(self) -> dict:
+        return {**self.counts, "calls_in_flight": len(self._calls), "runs_moved": len(self._runs_moved),
+                "runs_lost": len(self._runs_lost), "tito_pending": self.recorder.pending(),
+                "engines": [e.describe() for e in self.router.engines()]}
+
+    async def aclose(self) -> None:
+        for client in self._clients.values():
+            await client.aclose()
+        self._clients.clear()
+        self.events.close()
