@@ -350,6 +350,12 @@ class WorkloadConfig:
     decode_tokens_per_turn: float = param(400.0, "Decode (output) tokens per turn.")
     prefill_tokens_per_turn: float = param(3000.0, "New context tokens prefilled per turn (tool output, prompt).")
     tool_s_per_turn: float = param(20.0, "Tool / environment seconds per turn (not slowed by engine load).")
+    path_turns: float | None = param(
+        None, "Turns between context compressions (each starts a new path); null = one path per run."
+    )
+    trained_paths: int | None = param(
+        5, "J_max: only a run's last this many paths are trained (trajectory.j_max, final_then_recent); null = all."
+    )
 
     def check(self) -> None:
         require(self.runs_per_query >= 1, "runs_per_query", f"must be >= 1, got {self.runs_per_query}")
@@ -359,6 +365,9 @@ class WorkloadConfig:
                     "tool_s_per_turn"):
             require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
         require(0.0 <= self.stuck_query_frac < 1.0, "stuck_query_frac", f"must be in [0, 1), got {self.stuck_query_frac}")
+        require(self.path_turns is None or self.path_turns > 0, "path_turns", f"must be > 0 or null, got {self.path_turns}")
+        require(self.trained_paths is None or self.trained_paths >= 1, "trained_paths",
+                f"must be >= 1 or null, got {self.trained_paths}")
 
 
 @dataclass(frozen=True)
@@ -379,7 +388,7 @@ class SimConfig:
     to_rollout_s: float = param(3.46, "Seconds of a training->rollout switch (measured on the 122B model).")
     kv_transfer_s: float = param(2.0, "Seconds to move a run to another cell with its KV blocks (RDMA).")
     reprefill_tokens: float = param(60000.0, "Context tokens a paused run recomputes when its KV was dropped.")
-    max_events: int = param(50_000_000, "Safety stop: a simulation with more events is an error.")
+    max_events: int = param(5_000_000, "Safety stop: a simulation with more events is an error.")
 
     def check(self) -> None:
         require(len(self.policies) >= 1, "policies", "must name at least one policy")

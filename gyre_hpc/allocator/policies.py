@@ -1,8 +1,9 @@
 """Scheduling policies: pure functions of ``(state, now)`` to a list of orders.
 
 Every policy admits new queries through the same staleness window (``staleness.admission_window``) and the
-capacity of the cells that can roll out, and tells the trainer two facts: ``streaming`` (train ready groups
-as they arrive, in completion order, before the batch is complete) and ``mu`` (optimizer steps per burst;
+capacity of the cells that roll out, and tells the trainer two facts: ``streaming`` (ready groups go to
+updates in completion order and training starts on them before the batch is complete; otherwise a batch is
+a fixed set of B queries, trained once all of them are done) and ``mu`` (optimizer steps per burst;
 None = the training side never stops).
 
 * **gyre** — all cells start rolling out. The core cell moves to training first, when (i) the other rollout
@@ -10,10 +11,10 @@ None = the training side never stops).
   Satellites follow one at a time under the same two conditions while the backlog per training cell
   exceeds ``satellite_min_work_s``; a satellite returns as soon as the backlog is empty, the core after
   ``mu`` optimizer steps and after every satellite has left.
-* **colocate** — the whole pool rolls out until a full batch is ready, then every cell trains it
-  (generation is paused), then every cell returns. **colocate_streaming** switches the pool once
-  theta * B groups have been ready for tau_s and returns when the backlog is empty (gradients accumulate
-  across bursts; the optimizer steps every B groups).
+* **colocate** — the whole pool rolls out until the next fixed batch is complete, then every cell trains
+  it (generation is paused), then every cell returns. **colocate_streaming** forms batches in completion
+  order: the pool switches once theta * B groups have been ready for tau_s and returns when the backlog is
+  empty (gradients accumulate across bursts; the optimizer steps every B groups).
 * **async** — a fixed pool of ``async_train_cells`` cells (the core first) starts in training, the rest
   roll out, forever (``initial_roles``); the trainer waits for complete batches. **async_streaming** trains ready groups as they come.
 
@@ -64,8 +65,8 @@ class Policy:
         return [Role.ROLLOUT] * n_cells
 
     def rollout_capable(self, state: SchedState) -> int:
-        """Cells whose capacity admission may fill (policy-specific)."""
-        return sum(1 for c in state.cells if c.role is not Role.LOST)
+        """Cells whose capacity admission may fill: those rolling out or about to."""
+        return sum(1 for c in state.cells if c.role is Role.ROLLOUT or c.role is Role.LOADING)
 
     def window(self, state: SchedState) -> int:
         b = self.cfg.batch_groups
@@ -83,9 +84,10 @@ class Policy:
         since = state.ready_since(self.cfg.theta * self.cfg.batch_groups)
         if since is None:
             return False, []
-        if now - since >= self.cfg.tau_s:
+        ripe_at = since + self.cfg.tau_s
+        if now >= ripe_at:
             return True, []
-        return False, [WakeAt(since + self.cfg.tau_s)]
+        return False, [WakeAt(ripe_at)]
 
 
 @dataclass(frozen=True)
@@ -178,9 +180,6 @@ class Async(Policy):
     def train_pool(self, n_cells: int, core: int = 0) -> list[int]:
         others = [i for i in range(n_cells) if i != core]
         return [core] + others[: self.cfg.async_train_cells - 1]
-
-    def rollout_capable(self, state: SchedState) -> int:
-        return sum(1 for c in state.cells if c.role is Role.ROLLOUT)
 
 
 @dataclass(frozen=True)

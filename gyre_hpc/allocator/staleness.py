@@ -38,42 +38,45 @@ class LagLedger:
 
     def __init__(self, max_staleness: int | None = None):
         self.max_staleness = max_staleness
-        self.hist = np.zeros(8)
+        self.hist: list[float] = []
         self.sample_means: list[float] = []
         self.masked_tokens = 0.0
 
-    def add_run(self, train_version: int, versions: list[int], tokens: list[float]) -> float:
-        """Record one run's tokens (``tokens[i]`` generated at ``versions[i]``); returns their mean lag."""
-        lags = train_version - np.asarray(versions, dtype=np.int64)
-        tok = np.asarray(tokens, dtype=float)
-        if lags.size and lags.min() < 0:
-            raise ValueError(f"negative lag: tokens of version {max(versions)} trained at {train_version}")
-        if self.max_staleness is not None:
-            over = lags > self.max_staleness
-            self.masked_tokens += float(tok[over].sum())
-            lags, tok = lags[~over], tok[~over]
-        if tok.sum() <= 0:
-            return 0.0
-        top = int(lags.max()) + 1
-        if top > self.hist.size:
-            self.hist = np.concatenate([self.hist, np.zeros(top - self.hist.size)])
-        np.add.at(self.hist, lags, tok)
-        mean = float((lags * tok).sum() / tok.sum())
+    def add_run(self, train_version: int, versions: list[int], tokens: list[float]) -> tuple[float, float]:
+        """Record one run's tokens (``tokens[i]`` generated at ``versions[i]``); returns (mean lag, tokens)."""
+        hist, bound = self.hist, self.max_staleness
+        lag_tok = tok_sum = 0.0
+        for v, tok in zip(versions, tokens):
+            lag = train_version - v
+            if lag < 0:
+                raise ValueError(f"negative lag: tokens of version {v} trained at {train_version}")
+            if bound is not None and lag > bound:
+                self.masked_tokens += tok
+                continue
+            while len(hist) <= lag:
+                hist.append(0.0)
+            hist[lag] += tok
+            lag_tok += lag * tok
+            tok_sum += tok
+        if tok_sum <= 0:
+            return 0.0, 0.0
+        mean = lag_tok / tok_sum
         self.sample_means.append(mean)
-        return mean
+        return mean, tok_sum
 
     def stats(self) -> dict[str, float]:
-        total = self.hist.sum()
+        hist = np.asarray(self.hist, dtype=float)
+        total = hist.sum()
         if total <= 0:
             return {"staleness_mean": 0.0, "staleness_sample_mean": 0.0, "staleness_p50": 0.0,
                     "staleness_p99": 0.0, "staleness_max": 0.0, "masked_token_frac": 0.0}
-        lag = np.arange(self.hist.size)
-        cdf = np.cumsum(self.hist) / total
+        lag = np.arange(hist.size)
+        cdf = np.cumsum(hist) / total
         return {
-            "staleness_mean": float((lag * self.hist).sum() / total),
+            "staleness_mean": float((lag * hist).sum() / total),
             "staleness_sample_mean": float(np.mean(self.sample_means)),
-            "staleness_p50": float(np.searchsorted(cdf, 0.5)),
-            "staleness_p99": float(np.searchsorted(cdf, 0.99)),
-            "staleness_max": float(lag[self.hist > 0].max()),
+            "staleness_p50": float(np.searchsorted(cdf, 0.5 - 1e-12)),
+            "staleness_p99": float(np.searchsorted(cdf, 0.99 - 1e-12)),
+            "staleness_max": float(lag[hist > 0].max()),
             "masked_token_frac": float(self.masked_tokens / (total + self.masked_tokens)),
         }

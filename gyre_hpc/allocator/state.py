@@ -8,14 +8,15 @@ Invariants
 - ``ready_since(x)`` is the earliest time since which the ready-group count has been >= x without
   interruption, or None when it is below x now. It is kept in a monotone stack, so it costs O(1) amortized
   per change and needs no clock.
-- ``unfinished_runs == sum(cell.runs) + parked_runs`` (runs on no cell are parked, waiting for a rollout cell).
+- ``unfinished_runs == sum(cell.runs) + parked_runs`` (runs on no cell are parked, waiting for a rollout
+  cell); the executor keeps the counters, ``check()`` verifies them.
 - ``burst_steps`` counts optimizer steps since training cells last went from none to some.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gyre_hpc.allocator.types import Role
+from gyre_hpc.allocator.types import TRANSITIONS, Role
 
 
 @dataclass
@@ -39,27 +40,24 @@ class SchedState:
     admitted_queries: int = 0
     inflight_groups: int = 0       # admitted, not all runs finished
     ready_groups: int = 0          # all runs finished, not yet consumed by an optimizer step
-    unprocessed_groups: int = 0    # ready groups whose forward/backward has not run yet
+    unprocessed_groups: int = 0    # groups handed to the trainer whose forward/backward has not finished
     backlog_work_s: float = 0.0    # cell-seconds of training work in the unprocessed ready groups
     step_groups: int = 0           # groups processed toward the current optimizer step
     burst_steps: int = 0           # optimizer steps since the training side last (re)started
     optimizing: bool = False       # an optimizer step is being applied on the core
     parked_runs: int = 0           # unfinished runs on no cell (no rollout cell had room, or paused)
+    unfinished_runs: int = 0       # admitted runs that have not ended (on a cell or parked)
     trained_batches: int = 0
     lag_sum: float = 0.0           # sum over trained batches of the batch's mean per-token lag
     _ready_stack: list[tuple[float, int]] = field(default_factory=lambda: [(0.0, 0)])
 
     # ------------------------------------------------------------------ queries used by policies
-    @property
-    def unfinished_runs(self) -> int:
-        return sum(c.runs for c in self.cells) + self.parked_runs
-
     def cells_in(self, *roles: Role) -> list[int]:
         return [i for i, c in enumerate(self.cells) if c.role in roles]
 
     @property
     def in_transition(self) -> bool:
-        return any(c.role.transition for c in self.cells)
+        return any(c.role in TRANSITIONS for c in self.cells)
 
     @property
     def training_cells(self) -> list[int]:
@@ -90,6 +88,12 @@ class SchedState:
         self.cells[cell].since = now
         if role is Role.TRAIN and not had_training:
             self.burst_steps = 0
+
+    def check(self) -> None:
+        """Raise AssertionError if the run counters disagree (used by tests and the live allocator)."""
+        on_cells = sum(c.runs for c in self.cells)
+        assert self.unfinished_runs == on_cells + self.parked_runs, (
+            f"unfinished_runs {self.unfinished_runs} != {on_cells} on cells + {self.parked_runs} parked")
 
     def record_batch_lag(self, mean_lag: float) -> None:
         self.trained_batches += 1

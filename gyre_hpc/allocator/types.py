@@ -21,7 +21,10 @@ class Role(enum.Enum):
 
     @property
     def transition(self) -> bool:
-        return self in (Role.DRAINING, Role.LOADING)
+        return self in TRANSITIONS
+
+
+TRANSITIONS = frozenset({Role.DRAINING, Role.LOADING})
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ def staleness_hist(sims: dict[str, Simulation], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     width = 0.8 / max(1, len(sims))
     for k, (name, sim) in enumerate(sims.items()):
-        hist = sim.ledger.hist
+        hist = np.asarray(sim.ledger.hist, dtype=float)
         frac = hist / hist.sum() if hist.sum() else hist
         ax.bar(np.arange(hist.size) + k * width, frac, width=width, label=name)
     ax.set_xlabel("lag d = training version - generating version (per token)")

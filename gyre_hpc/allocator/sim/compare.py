@@ -17,7 +17,7 @@ from gyre_hpc.allocator.sim.simulator import Simulation
 
 #: summary keys that describe the workload rather than the policy
 WORKLOAD_KEYS = ("frac_queries_ge_4h", "frac_queries_hit_timeout", "frac_queries_within_5pct_of_timeout",
-                 "query_hours_mean", "tokens_per_run_mean")
+                 "query_hours_mean", "tokens_per_run_mean", "trained_tokens_per_run_mean")
 
 
 def validate_all(cfg: Any) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gyre_hpc.allocator.sim.rollout import DONE
 from gyre_hpc.allocator.sim.simulator import Simulation
 
 
@@ -48,7 +49,9 @@ def summarize(sim: Simulation, end: float, wall_s: float) -> dict[str, float]:
     durations, hit = query_durations(sim)
     timeout = sim.timeout
     steps = np.diff(np.concatenate([[0.0], sim.step_times]))
-    trained = [sum(pool.segs[r].values()) * sim.tok_rate[r] for r in range(len(pool.segs)) if pool.segs[r]]
+    ended = [r for r in range(len(pool.segs)) if pool.segs[r] and pool.where[r] == DONE]
+    rollout_tok = [sum(pool.segs[r].values()) * sim.tok_rate[r] for r in ended]
+    trained = [sum(sim.trained(r)[1]) for r in ended]
     out = {
         "hours": end / 3600.0,
         "step_hours_mean": float(steps.mean() / 3600.0),
@@ -63,7 +66,8 @@ def summarize(sim: Simulation, end: float, wall_s: float) -> dict[str, float]:
         "frac_queries_ge_4h": float((durations >= 4 * 3600.0).mean()) if durations.size else 0.0,
         "frac_queries_hit_timeout": float(hit.mean()) if durations.size else 0.0,
         "frac_queries_within_5pct_of_timeout": float((durations >= 0.95 * timeout).mean()) if durations.size else 0.0,
-        "tokens_per_run_mean": float(np.mean(trained)) if trained else 0.0,
+        "tokens_per_run_mean": float(np.mean(rollout_tok)) if rollout_tok else 0.0,
+        "trained_tokens_per_run_mean": float(np.mean(trained)) if trained else 0.0,
         "events": sim.q.popped,
         "sim_seconds": wall_s,
         "events_per_s": sim.q.popped / wall_s if wall_s > 0 else 0.0,

@@ -10,8 +10,10 @@ Model (docs/simulator.md has the full account)
 - A cell leaving rollout hands its runs to the other rollout cells (KV blocks moved: ``kv_transfer_s``
   more work) or parks them when none has room (KV dropped: a re-prefill of ``reprefill_tokens`` on resume).
   Parked runs make no progress; their wall-clock timeout keeps running.
-- A group is ready when all its runs ended. The trainer processes ready groups in completion order; a
-  streaming policy starts on whatever is ready, the others wait for a full batch. Group work is
+- A group is ready when all its runs ended. A streaming policy hands ready groups to the trainer in
+  completion order and starts on whatever is ready; the others train fixed batches (batch b = the b-th B
+  admitted queries), each only when all its groups are ready, in order — so a batch waits for its slowest
+  query. Group work is
   tokens / train_tok_s_per_cell cell-seconds, shared by the active training cells; the core applies the
   optimizer step every B groups (``optimizer_s``); a satellite pulls the core's weights
   (weight_bytes / pull_bytes_per_s) when it joins and after every optimizer step.
@@ -61,6 +63,7 @@ class Simulation:
         self.q_end = [math.nan] * wl.queries
         self.q_timeout = [False] * wl.queries
         self.tok_rate = wl.tok_per_work_s.tolist()
+        self.train_window = wl.train_window_s.tolist()
         self.run_start = [math.nan] * len(self.q_of)
         self.next_query = 0
         self.ledger = LagLedger(sched.max_staleness)
@@ -68,6 +71,8 @@ class Simulation:
         self.pull_s = sim.weight_bytes / sim.pull_bytes_per_s
         # trainer
         self.tq: deque[int] = deque()
+        self.batch_done: dict[int, int] = {}
+        self.next_batch = 0
         self.g_work: dict[int, float] = {}
         self.cur, self.cur_left, self.tr_t, self.tr_stamp = -1, 0.0, 0.0, 0
         self.step_n = 0
@@ -111,13 +116,15 @@ class Simulation:
 
     def _decide(self, now: float) -> None:
         orders = self.policy.decide(self.state, now)
+        if not orders:
+            return
         switches = [o for o in orders if isinstance(o, Switch)]
         if switches:
             self._apply_switches(switches, now)
         for o in orders:
             if isinstance(o, Admit):
                 self._admit(o.queries, now)
-            elif isinstance(o, WakeAt) and o.t not in self.wakes and o.t >= now:
+            elif isinstance(o, WakeAt) and o.t not in self.wakes and o.t > now:
                 self.wakes.add(o.t)
                 self.q.push(o.t, WAKE)
         self._flush(now)
@@ -133,6 +140,7 @@ class Simulation:
             st.admitted_queries += 1
             st.inflight_groups += 1
             self.q_start[qi] = now
+            st.unfinished_runs += int(wl.offsets[qi + 1] - wl.offsets[qi])
             for i in range(wl.offsets[qi], wl.offsets[qi + 1]):
                 self._start_or_park(i, now)
 
@@ -178,6 +186,7 @@ class Simulation:
 
     def _run_ended(self, i: int, now: float, timed_out: bool) -> None:
         self.pool.where[i] = DONE
+        self.state.unfinished_runs -= 1
         qi = self.q_of[i]
         self.q_timeout[qi] |= timed_out
         self.g_left[qi] -= 1
@@ -186,14 +195,33 @@ class Simulation:
         st = self.state
         self.q_end[qi] = now
         st.inflight_groups -= 1
-        work = sum(self.pool.done_work(r) * self.tok_rate[r]
-                   for r in range(self.wl.offsets[qi], self.wl.offsets[qi + 1])) / self.sim.train_tok_s_per_cell
+        work = sum(sum(self.trained(r)[1]) for r in range(self.wl.offsets[qi], self.wl.offsets[qi + 1]))
+        work /= self.sim.train_tok_s_per_cell
         self.g_work[qi] = work
-        self.tq.append(qi)
-        st.unprocessed_groups += 1
-        st.backlog_work_s += work
         st.set_ready(st.ready_groups + 1, now)
+        if self.policy.streaming:
+            self._release([qi])
+        else:
+            self._release_batches(qi)
         self._tr_kick(now)
+
+    def _release(self, groups: list[int]) -> None:
+        """Hand ready groups to the trainer, in the order given."""
+        st = self.state
+        for g in groups:
+            self.tq.append(g)
+            st.unprocessed_groups += 1
+            st.backlog_work_s += self.g_work[g]
+
+    def _release_batches(self, qi: int) -> None:
+        """Fixed batches (non-streaming): batch b = queries b*B..b*B+B-1, released whole and in order."""
+        b = qi // self.B
+        self.batch_done[b] = self.batch_done.get(b, 0) + 1
+        while self.batch_done.get(self.next_batch, 0) == self.B:
+            first = self.next_batch * self.B
+            self._release(list(range(first, first + self.B)))
+            del self.batch_done[self.next_batch]
+            self.next_batch += 1
 
     # ================================================================== role switches
     def _apply_switches(self, switches: list[Switch], now: float) -> None:
@@ -301,15 +329,28 @@ class Simulation:
             self._tr_kick(now)
 
     def _record_lag(self, g: int, version: int) -> None:
-        pool = self.pool
         for r in range(self.wl.offsets[g], self.wl.offsets[g + 1]):
-            seg = pool.segs[r]
-            if not seg:
+            versions, tokens = self.trained(r)
+            if not versions:
                 continue
-            tokens = [w * self.tok_rate[r] for w in seg.values()]
-            lag = self.ledger.add_run(version, list(seg.keys()), tokens)
-            self.batch_lag[0] += lag * sum(tokens)
-            self.batch_lag[1] += sum(tokens)
+            lag, tokens = self.ledger.add_run(version, versions, tokens)
+            self.batch_lag[0] += lag * tokens
+            self.batch_lag[1] += tokens
+
+    def trained(self, r: int) -> tuple[list[int], list[float]]:
+        """(versions, tokens) of run ``r``'s trained tokens: the last ``train_window`` of its work."""
+        seg, window, rate = self.pool.segs[r], self.train_window[r], self.tok_rate[r]
+        if window >= sum(seg.values()):
+            return list(seg), [w * rate for w in seg.values()]
+        versions, tokens = [], []
+        for v in reversed(seg):
+            take = min(seg[v], window)
+            versions.append(v)
+            tokens.append(take * rate)
+            window -= take
+            if window <= 0:
+                break
+        return versions, tokens
 
     def _on_opt_done(self, now: float, a: int, b: int) -> None:
         st = self.state

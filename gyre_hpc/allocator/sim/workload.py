@@ -7,7 +7,10 @@ tools. Its *nominal work* is its duration on an unloaded engine::
 
 The engine part stretches with the load of the cell (``capacity.speed_factor``); tool time does not.
 A run that never finishes (a stuck agent, or a trace run that hit the timeout) has infinite work and is
-cut at the timeout. Trained tokens accrue uniformly over a run's work (``tok_per_work_s``).
+cut at the timeout. Tokens accrue uniformly over a run's work (``tok_per_work_s``). Context compression
+splits a run into paths of ``path_turns`` turns; with J_max (``trained_paths``) and the final-then-recent
+selection only the run's last J_max paths are trained, so the trained tokens are the last
+``train_window_s`` seconds of nominal work the run did (inf = the whole run).
 
 Parametric model: turns = turns_median x exp(query_sigma * z_q + run_sigma * z_r), with a fraction
 ``stuck_query_frac`` of queries whose runs never finish; per-turn costs are the configured means.
@@ -15,9 +18,10 @@ Parametric model: turns = turns_median x exp(query_sigma * z_q + run_sigma * z_r
 Trace format (JSON Lines, one run per line; ``#`` lines and blank lines are ignored)::
 
     {"query": "repo-17", "prefill_tokens": 410000, "decode_tokens": 52000, "tool_s": 6100.5, "timed_out": false}
-    {"query": "repo-17", "duration_s": 14000, "tokens": 690000, "timed_out": true}
+    {"query": "repo-17", "duration_s": 14000, "tokens": 690000, "trained_tokens": 350000, "timed_out": true}
 
-Either the three cost fields or ``duration_s`` (taken as nominal work) with ``tokens``. Runs of one query
+Either the three cost fields or ``duration_s`` (taken as nominal work) with ``tokens``; the optional
+``trained_tokens`` (default: all) are the tokens of the paths that enter training, taken from the run's end. Runs of one query
 form a group, in order of first appearance; a simulation that needs more queries cycles through the trace.
 
 Invariants
@@ -44,7 +48,8 @@ class Workload:
     """Runs grouped by query: run r of query q is ``offsets[q] <= r < offsets[q+1]``."""
 
     work_s: np.ndarray           # nominal work (s) per run; inf = never finishes
-    tok_per_work_s: np.ndarray   # trained tokens per second of nominal work, per run
+    tok_per_work_s: np.ndarray   # tokens per second of nominal work, per run
+    train_window_s: np.ndarray   # nominal work at the end of a run whose tokens are trained (inf = all)
     offsets: np.ndarray          # group boundaries, len = queries + 1
     tool_frac: float             # fraction of nominal work spent in tools (not slowed by load)
 
@@ -62,7 +67,8 @@ class Workload:
         sizes = np.tile(np.diff(self.offsets), reps)[:queries]
         n = int(sizes.sum())
         return Workload(np.tile(self.work_s, reps)[:n], np.tile(self.tok_per_work_s, reps)[:n],
-                        np.concatenate([[0], np.cumsum(sizes)]), self.tool_frac)
+                        np.tile(self.train_window_s, reps)[:n], np.concatenate([[0], np.cumsum(sizes)]),
+                        self.tool_frac)
 
 
 def _per_turn(cfg: WorkloadConfig, sim: SimConfig) -> tuple[float, float, float]:
@@ -84,12 +90,16 @@ def parametric(cfg: WorkloadConfig, sim: SimConfig, queries: int, seed: int) -> 
         raise WorkloadError("workload: a turn costs no time (tool_s, prefill and decode tokens are all 0)")
     work = turns * turn_work
     work[stuck] = np.inf
-    tok = np.full(work.shape, turn_tokens / turn_work)
-    return Workload(work.ravel(), tok.ravel(), np.arange(queries + 1) * k, turn_tool / turn_work)
+    tok = np.full(work.size, turn_tokens / turn_work)
+    window = np.inf
+    if cfg.path_turns is not None and cfg.trained_paths is not None:
+        window = cfg.path_turns * cfg.trained_paths * turn_work
+    return Workload(work.ravel(), tok, np.full(work.size, window), np.arange(queries + 1) * k,
+                    turn_tool / turn_work)
 
 
-def _run_fields(rec: dict, sim: SimConfig, where: str) -> tuple[float, float, float]:
-    """(work, tokens, tool seconds) of one trace record; raises WorkloadError naming ``where``."""
+def _run_fields(rec: dict, sim: SimConfig, where: str) -> tuple[float, float, float, float]:
+    """(work, tokens, tool seconds, trained tokens) of one trace record; errors name ``where``."""
     def num(key: str) -> float:
         v = rec.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
@@ -106,7 +116,8 @@ def _run_fields(rec: dict, sim: SimConfig, where: str) -> tuple[float, float, fl
         raise WorkloadError(f"{where}: needs prefill_tokens, decode_tokens and tool_s, or duration_s and tokens")
     if work <= 0:
         raise WorkloadError(f"{where}: a run must take time (work is 0)")
-    return work, tokens, tool
+    trained = num("trained_tokens") if "trained_tokens" in rec else np.inf
+    return work, tokens, tool, trained
 
 
 def read_trace(path: str | Path, sim: SimConfig) -> Workload:
@@ -114,7 +125,7 @@ def read_trace(path: str | Path, sim: SimConfig) -> Workload:
     p = Path(path)
     if not p.is_file():
         raise WorkloadError(f"workload.trace: file not found: {p}")
-    groups: dict[str, list[tuple[float, float, bool]]] = {}
+    groups: dict[str, list[tuple[float, float, bool, float]]] = {}
     tool_total = finite_total = 0.0
     for n, line in enumerate(p.read_text().splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
@@ -129,17 +140,18 @@ def read_trace(path: str | Path, sim: SimConfig) -> Workload:
         timed_out = rec.get("timed_out", False)
         if not isinstance(timed_out, bool):
             raise WorkloadError(f"{where}: timed_out must be true or false, got {timed_out!r}")
-        work, tokens, tool = _run_fields(rec, sim, where)
+        work, tokens, tool, trained = _run_fields(rec, sim, where)
         if not timed_out:
             tool_total, finite_total = tool_total + tool, finite_total + work
-        groups.setdefault(str(rec["query"]), []).append((work, tokens, timed_out))
+        groups.setdefault(str(rec["query"]), []).append((work, tokens, timed_out, trained))
     if not groups:
         raise WorkloadError(f"{p}: the trace has no runs")
     runs = [r for g in groups.values() for r in g]
-    work = np.array([np.inf if t else w for w, _, t in runs])
-    tok = np.array([k / w for w, k, _ in runs])
+    work = np.array([np.inf if t else w for w, _, t, _ in runs])
+    tok = np.array([k / w for w, k, _, _ in runs])
+    window = np.array([tr / r if r > 0 else np.inf for (_, _, _, tr), r in zip(runs, tok)])
     offsets = np.concatenate([[0], np.cumsum([len(g) for g in groups.values()])])
-    return Workload(work, tok, offsets, tool_total / finite_total if finite_total else 0.0)
+    return Workload(work, tok, window, offsets, tool_total / finite_total if finite_total else 0.0)
 
 
 def write_trace(path: str | Path, wl: Workload, timeout_s: float) -> None:
@@ -153,8 +165,10 @@ def write_trace(path: str | Path, wl: Workload, timeout_s: float) -> None:
         for r in range(wl.offsets[q], wl.offsets[q + 1]):
             stuck = not np.isfinite(wl.work_s[r])
             work = timeout_s if stuck else float(wl.work_s[r])
-            lines.append(json.dumps({"query": q, "duration_s": work, "tokens": work * float(wl.tok_per_work_s[r]),
-                                     "timed_out": stuck}))
+            rec = {"query": q, "duration_s": work, "tokens": work * float(wl.tok_per_work_s[r]), "timed_out": stuck}
+            if np.isfinite(wl.train_window_s[r]):
+                rec["trained_tokens"] = float(wl.train_window_s[r] * wl.tok_per_work_s[r])
+            lines.append(json.dumps(rec))
     fd, tmp = tempfile.mkstemp(dir=p.parent or ".", prefix=p.name + ".", suffix=".tmp")
     os.fchmod(fd, 0o644)
     with os.fdopen(fd, "w") as f:
