@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import os
 import platform
 import statistics
@@ -50,7 +49,7 @@ def fork_log(fraction: float, path_len: int, paths: int, vocab: int, seed: int):
 def median_step_times(trainer, batches: dict, warmup: int, steps: int) -> dict[str, list[float]]:
     times = {m: [] for m in batches}
     for i in range(warmup + steps):
-        for mode, batch in sorted(batches.items(), reverse=bool(i % 2)):  # ABBA order  # interleaved: machine load hits both modes alike
+        for mode, batch in sorted(batches.items(), reverse=bool(i % 2)):  # interleaved, ABBA: load hits both alike
             t0 = time.perf_counter()
             trainer.step(batch)
             if i >= warmup:

@@ -41,9 +41,8 @@ def policy_loss(
     kind: str = "pg",
     old_logprob: torch.Tensor | None = None,
     clip_eps: float = 0.2,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Scalar loss (see module docstring) and detached statistics over the given tokens."""
-    stats: dict[str, float] = {}
+) -> torch.Tensor:
+    """The scalar loss of the given tokens (see the module docstring)."""
     if kind == "pg":
         per_token = -advantage * logp
     elif kind == "ppo":
@@ -52,10 +51,18 @@ def policy_loss(
         ratio = torch.exp(logp - old_logprob)
         clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
         per_token = -torch.minimum(ratio * advantage, clipped * advantage)
-        with torch.no_grad():
-            w = weight.sum().clamp_min(1e-12)
-            stats["clip_frac"] = float(((ratio - clipped).abs() > 0).float().mul(weight).sum() / w)
-            stats["approx_kl"] = float(((old_logprob - logp) * weight).sum() / w)
     else:
         raise ValueError(f"unknown loss kind {kind!r}; expected 'pg' or 'ppo'")
-    return (per_token * weight).sum() / normalizer, stats
+    return (per_token * weight).sum() / normalizer
+
+
+@torch.no_grad()
+def ppo_stats(logp: torch.Tensor, old_logprob: torch.Tensor, weight: torch.Tensor, clip_eps: float) -> dict:
+    """``clip_frac`` (weighted share of tokens with the ratio outside [1-ε, 1+ε]) and ``approx_kl`` (mean of
+    ``old_logprob - logp``)."""
+    w = weight.sum().clamp_min(1e-12)
+    outside = (torch.exp(logp - old_logprob) - 1.0).abs() > clip_eps
+    return {
+        "clip_frac": float((outside.float() * weight).sum() / w),
+        "approx_kl": float(((old_logprob - logp) * weight).sum() / w),
+    }

@@ -31,7 +31,7 @@ from gyre_hpc.config import ModelConfig, TrainConfig
 from gyre_hpc.errors import TrajectoryError
 from gyre_hpc.train import checkpoint
 from gyre_hpc.train.layout import micro_batches, split_trees
-from gyre_hpc.train.loss import gather_logprobs, policy_loss
+from gyre_hpc.train.loss import gather_logprobs, policy_loss, ppo_stats
 from gyre_hpc.train.model import build_model, forward_logits
 from gyre_hpc.trajectory.batch import FIELDS, PackedBatch
 from gyre_hpc.trajectory.collate import to_tensors
@@ -91,12 +91,12 @@ class Trainer:
             logits = forward_logits(self.model, m["input_ids"], m["position_ids"], m["attention_mask"])
             logp, entropy, (r, c) = gather_logprobs(logits, m["parent"], m["input_ids"], m["loss_mask"] > 0)
             weight, old, adv = m["loss_mask"][r, c], m["old_logprob"][r, c], m["advantage"][r, c]
-            loss, _ = policy_loss(logp, adv, weight, Z, self.cfg.loss, old, self.cfg.clip_eps)
+            loss = policy_loss(logp, adv, weight, Z, self.cfg.loss, old, self.cfg.clip_eps)
             loss.backward()
             loss_sum += float(loss.detach())
-            kept.append((logp.detach(), entropy, weight, adv, old))
-        logp, entropy, weight, adv, old = (torch.cat(x) for x in zip(*kept))
-        _, stats = policy_loss(logp, adv, weight, Z, self.cfg.loss, old, self.cfg.clip_eps)
+            kept.append((logp.detach(), entropy, weight, old))
+        logp, entropy, weight, old = (torch.cat(x) for x in zip(*kept))
+        stats = ppo_stats(logp, old, weight, self.cfg.clip_eps) if self.cfg.loss == "ppo" else {}
         return {
             "loss": loss_sum,
             "trained_tokens": Z,

@@ -92,6 +92,8 @@ def test_ppo_clipped_tokens_give_no_gradient(make_trainer):
     loss, grads = trainer.loss_and_grads(tree)
     assert loss == pytest.approx(-1.2 * float((tree.advantage * tree.loss_mask).sum() / tree.loss_mask.sum()))
     assert all(float(g.abs().max()) == 0.0 for g in grads.values())
+    m = trainer._accumulate(tree)
+    assert m["clip_frac"] == 1.0 and m["approx_kl"] == pytest.approx(-50.0 - m["mean_logp"], rel=1e-5)
 
 
 def test_bad_batches_are_refused_with_trajectory_errors(make_trainer):
