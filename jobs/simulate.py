@@ -48,7 +48,8 @@ def _table(result: dict) -> str:
     lines.append(f"\nworkload (durations under {w['source_policy']}): {w['frac_queries_ge_4h']:.1%} of queries "
                  f">= 4 h, {w['frac_queries_hit_timeout']:.1%} hit the {w['timeout_h']:g} h timeout, "
                  f"{w['frac_queries_within_5pct_of_timeout']:.1%} within 5% of it; mean query "
-                 f"{w['query_hours_mean']:.2f} h; {w['tokens_per_run_mean']:,.0f} trained tokens per run")
+                 f"{w['query_hours_mean']:.2f} h; per run {w['tokens_per_run_mean']:,.0f} rollout tokens, "
+                 f"{w['trained_tokens_per_run_mean']:,.0f} trained (J_max)")
     return "\n".join(lines)
 
 

@@ -31,6 +31,7 @@ from collections import deque
 
 import numpy as np
 
+from gyre_hpc.allocator import transitions as tr
 from gyre_hpc.allocator.policies import Policy
 from gyre_hpc.allocator.sim.events import EventQueue
 from gyre_hpc.allocator.sim.rollout import DONE, LIMBO, NOT_STARTED, PARKED, RolloutPool
@@ -137,10 +138,8 @@ class Simulation:
             if qi >= wl.queries:
                 return
             self.next_query += 1
-            st.admitted_queries += 1
-            st.inflight_groups += 1
             self.q_start[qi] = now
-            st.unfinished_runs += int(wl.offsets[qi + 1] - wl.offsets[qi])
+            tr.admit(st, 1, int(wl.offsets[qi + 1] - wl.offsets[qi]))
             for i in range(wl.offsets[qi], wl.offsets[qi + 1]):
                 self._start_or_park(i, now)
 
@@ -194,19 +193,20 @@ class Simulation:
             return
         st = self.state
         self.q_end[qi] = now
-        st.inflight_groups -= 1
         work = sum(sum(self.trained(r)[1]) for r in range(self.wl.offsets[qi], self.wl.offsets[qi + 1]))
         work /= self.sim.train_tok_s_per_cell
         self.g_work[qi] = work
-        st.set_ready(st.ready_groups + 1, now)
         if self.policy.streaming:
-            self._release([qi])
+            tr.groups_ready(st, 1, work, now)
+            self.tq.append(qi)
         else:
+            st.inflight_groups -= 1  # ready, but held until its whole batch is (fixed batches)
+            st.set_ready(st.ready_groups + 1, now)
             self._release_batches(qi)
         self._tr_kick(now)
 
     def _release(self, groups: list[int]) -> None:
-        """Hand ready groups to the trainer, in the order given."""
+        """Hand held ready groups of a complete fixed batch to the trainer, in admission order."""
         st = self.state
         for g in groups:
             self.tq.append(g)
@@ -228,20 +228,19 @@ class Simulation:
         st, pool = self.state, self.pool
         for s in switches:
             cell = st.cells[s.cell]
-            if s.target is Role.TRAIN and cell.role is Role.ROLLOUT:
+            if cell.role is Role.ROLLOUT:
                 pool.advance(s.cell, now)
-                pool.active[s.cell] = False
-                self._set_role(s.cell, Role.DRAINING, now)
-                self.q.push(now + self.sim.to_train_s, SWITCH_DONE, s.cell)
-            elif s.target is Role.ROLLOUT and cell.role is Role.TRAIN:
+            else:
                 self._tr_advance(now)
+            role = tr.begin_switch(st, s, now)  # raises SchedulingError on a forbidden switch
+            self.timeline[s.cell].append((now, role.value))
+            if role is Role.DRAINING:
+                pool.active[s.cell] = False
+                self.q.push(now + self.sim.to_train_s, SWITCH_DONE, s.cell)
+            else:
                 self.train_active.discard(s.cell)
-                self._set_role(s.cell, Role.LOADING, now)
                 self.q.push(now + self.sim.to_rollout_s, SWITCH_DONE, s.cell)
                 self._tr_kick(now)
-            else:
-                raise SchedulingError(f"{self.policy.name}: cannot switch cell {s.cell} from "
-                                      f"{cell.role.value} to {s.target.value}")
         for s in switches:
             if s.target is Role.TRAIN:
                 self._move_runs_off(s.cell, now)
@@ -256,24 +255,20 @@ class Simulation:
                 pool.left[i] += self.reprefill_s
                 pool.park(i)
 
-    def _set_role(self, c: int, role: Role, now: float) -> None:
-        self.state.set_role(c, role, now)
-        self.timeline[c].append((now, role.value))
-
     def _on_switch_done(self, now: float, c: int, _: int) -> None:
-        role = self.state.cells[c].role
-        if role is Role.DRAINING:
-            self._set_role(c, Role.TRAIN, now)
+        if self.state.cells[c].role is Role.LOADING:
+            self.pool.advance(c, now)
+        role = tr.finish_switch(self.state, c, now)
+        self.timeline[c].append((now, role.value))
+        if role is Role.TRAIN:
             if c == self.state.core:
                 self._tr_advance(now)
                 self.train_active.add(c)
                 self._tr_kick(now)
             else:
                 self.q.push(now + self.pull_s, PULL_DONE, c)
-        elif role is Role.LOADING:
-            self.pool.advance(c, now)
+        else:
             self.pool.active[c] = True
-            self._set_role(c, Role.ROLLOUT, now)
             self._refill(now)
 
     def _on_pull_done(self, now: float, c: int, _: int) -> None:
@@ -318,7 +313,7 @@ class Simulation:
         self._tr_advance(now)
         st, g = self.state, self.cur
         self.cur = -1
-        st.unprocessed_groups -= 1
+        tr.groups_trained(st, 1, 0.0)  # its work already left the backlog while it was processed
         self._record_lag(g, st.version)
         self.step_n += 1
         if self.step_n == self.B:
@@ -355,14 +350,9 @@ class Simulation:
     def _on_opt_done(self, now: float, a: int, b: int) -> None:
         st = self.state
         self.train_busy += self.sim.optimizer_s
-        st.optimizing = False
-        st.version += 1
-        st.steps_done += 1
-        st.burst_steps += 1
         self.step_times.append(now)
-        st.record_batch_lag(self.batch_lag[0] / self.batch_lag[1] if self.batch_lag[1] else 0.0)
+        tr.step_done(st, self.B, self.batch_lag[0] / self.batch_lag[1] if self.batch_lag[1] else 0.0, now)
         self.batch_lag = [0.0, 0.0]
-        st.set_ready(st.ready_groups - self.B, now)
         self.step_n = 0
         self.pool.bump(now, st.version)
         self.tr_t = now
