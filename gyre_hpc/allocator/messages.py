@@ -37,16 +37,46 @@ from gyre_hpc.errors import ProtocolError
 _COUNTS = ("cell", "rank", "pid", "seq", "ended", "groups", "version", "order", "core")
 
 
+_PREDICATES = {
+    int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+    float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+    bool: lambda v: isinstance(v, bool),
+    str: lambda v: isinstance(v, str),
+    Role: lambda v: isinstance(v, Role),
+    tuple: lambda v: isinstance(v, (tuple, list)),
+    dict: lambda v: isinstance(v, dict),
+}
+
+
 @functools.lru_cache(maxsize=None)
-def _hints(cls: type) -> tuple[tuple[str, Any], ...]:
-    return tuple((f.name, typing.get_type_hints(cls)[f.name]) for f in dataclasses.fields(cls))
+def _hints(cls: type) -> tuple[tuple[str, type, bool], ...]:
+    """(field, base type, None allowed) per field of a message class, resolved once."""
+    out = []
+    for f in dataclasses.fields(cls):
+        tp = typing.get_type_hints(cls)[f.name]
+        optional = typing.get_origin(tp) in (typing.Union, types.UnionType)
+        if optional:
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        out.append((f.name, tp, optional))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _layout(cls: type) -> tuple[frozenset[str], tuple[str, ...]]:
+    """(all field names, required field names) of a message class."""
+    fields = dataclasses.fields(cls)
+    required = tuple(f.name for f in fields
+                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    return frozenset(f.name for f in fields), required
 
 
 @dataclass(frozen=True)
 class _Message:
     def __post_init__(self) -> None:
-        for name, tp in _hints(type(self)):
-            _check_type(type(self).__name__, name, tp, getattr(self, name))
+        for name, tp, optional in _hints(type(self)):
+            v = getattr(self, name)
+            if not (optional and v is None):
+                _check_type(type(self).__name__, name, tp, v)
         for name in _COUNTS:
             v = getattr(self, name, 0)
             if v is not None and v < 0:
@@ -58,29 +88,16 @@ class _Message:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": type(self).__name__}
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            out[f.name] = (v.value if isinstance(v, Role) else dict(v) if isinstance(v, dict)
+        for name, _, _ in _hints(type(self)):
+            v = getattr(self, name)
+            out[name] = (v.value if isinstance(v, Role) else dict(v) if isinstance(v, dict)
                            else list(v) if isinstance(v, tuple) else v)
         return out
 
 
-def _check_type(kind: str, name: str, tp: Any, v: Any) -> None:
-    where = f"{kind}.{name}"
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        if v is None and type(None) in typing.get_args(tp):
-            return
-        tp = next(a for a in typing.get_args(tp) if a is not type(None))
-    ok = {
-        int: lambda: isinstance(v, int) and not isinstance(v, bool),
-        float: lambda: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
-        bool: lambda: isinstance(v, bool),
-        str: lambda: isinstance(v, str),
-        Role: lambda: isinstance(v, Role),
-        tuple: lambda: isinstance(v, (tuple, list)),
-    }.get(tp, lambda: isinstance(v, dict))()
-    if not ok:
-        raise ProtocolError(f"{where}: expected {getattr(tp, '__name__', tp)}, got {v!r}")
+def _check_type(kind: str, name: str, tp: type, v: Any) -> None:
+    if not _PREDICATES[tp](v):
+        raise ProtocolError(f"{kind}.{name}: expected {tp.__name__}, got {v!r}")
 
 
 def _nonneg(msg: _Message, *names: str) -> None:
@@ -230,12 +247,12 @@ def decode(data: Any, kinds: Mapping[str, type], source: int | None = None) -> M
     if cls is None:
         other = "an order" if name in ORDERS else "an event" if name in EVENTS else "an unknown message type"
         raise ProtocolError(f"{name!r} is {other} here; expected one of {', '.join(kinds)}", source)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields) - {"type"})
+    fields, required = _layout(cls)
+    unknown = sorted(k for k in data if k not in fields and k != "type")
     if unknown:
-        raise ProtocolError(f"{name}.{unknown[0]}: unknown field; fields of {name}: {', '.join(fields)}", source)
-    missing = [n for n, f in fields.items() if n not in data and f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING]
+        order = ", ".join(n for n, _, _ in _hints(cls))
+        raise ProtocolError(f"{name}.{unknown[0]}: unknown field; fields of {name}: {order}", source)
+    missing = [n for n in required if n not in data]
     if missing:
         raise ProtocolError(f"{name}.{missing[0]}: missing", source)
     kwargs = {k: v for k, v in data.items() if k != "type"}
