@@ -76,10 +76,11 @@ class SchedState:
     def set_ready(self, count: int, now: float) -> None:
         """Record that ready_groups became ``count`` at ``now`` (keeps the monotone stack)."""
         stack = self._ready_stack
+        since = now
         while stack and stack[-1][1] > count:
-            stack.pop()
+            since = stack.pop()[0]  # count has been above the new value since then
         if not stack or stack[-1][1] < count:
-            stack.append((now, count))
+            stack.append((since, count))
         self.ready_groups = count
 
     def set_role(self, cell: int, role: Role, now: float) -> None:
