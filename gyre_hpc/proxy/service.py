@@ -21,7 +21,8 @@ Invariants (tests/integration/test_proxy.py)
   engine within ``no_engine_wait_s`` while it was being moved, or more than ``max_moves_per_call`` moves. A lost
   call is logged (``call_lost``) and counted (``calls_lost``, ``runs_lost``).
 - Every engine request started in the router is finished there exactly once (``finally``), so loads never drift.
-- Each move is logged once with its cost; each state change of an engine is logged once.
+- Each move is logged once with its cost (partial tokens, re-prefill tokens, seconds from the abort or the
+  failure to the resubmission); engine lifecycle (add, drain, dead, remove) is in ``admin.py``.
 - A call is recorded in TITO exactly when its answer goes back to the harness.
 """
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any, Iterable
 from gyre_hpc.config import ProxyConfig
 from gyre_hpc.engines.client import AsyncEngineClient
 from gyre_hpc.errors import EngineError
+from gyre_hpc.proxy.admin import EngineAdmin, Request
 from gyre_hpc.proxy.calls import CallRequest, Segment, answer, continuation, parse_call, produced, tito_call
 from gyre_hpc.proxy.events import EventLog
 from gyre_hpc.proxy.movers import MovePlan, Mover, make_mover
@@ -44,18 +46,6 @@ from gyre_hpc.proxy.routing import Engine, EngineState, NoEngineError, ProxyErro
 from gyre_hpc.trajectory.records import Outcome
 
 HARNESS_ABORT = {"type": "abort", "message": "aborted by the harness"}
-
-
-@dataclass(eq=False)
-class _Request:
-    """One engine request in flight."""
-
-    key: str
-    engine: Engine
-    task: asyncio.Task | None = None
-    move_reason: str | None = None
-    move_t0: float | None = None
-    abort_sent: float = float("-inf")
 
 
 @dataclass(frozen=True)
@@ -74,10 +64,10 @@ class _Call:
     segments: list[Segment] = field(default_factory=list)
     moves: int = 0
     harness_abort: bool = False
-    current: _Request | None = None
+    current: Request | None = None
 
 
-class ProxyService:
+class ProxyService(EngineAdmin):
     def __init__(self, cfg: ProxyConfig, events: EventLog | None = None, mover: Mover | None = None):
         self.cfg = cfg
         self.router = Router(cfg.routing)
@@ -85,100 +75,13 @@ class ProxyService:
         self.recorder = TitoRecorder()
         self.mover = mover if mover is not None else make_mover(cfg.mover)
         self._clients: dict[str, AsyncEngineClient] = {}
-        self._requests: dict[str, _Request] = {}  # engine rid -> request
+        self._requests: dict[str, Request] = {}  # engine rid -> request
         self._calls: dict[str, _Call] = {}  # harness rid -> call
         self._keys = itertools.count()
         self._wake = asyncio.Event()
         self.counts = {"calls_done": 0, "moves": 0, "calls_lost": 0}
         self._runs_moved: set[str] = set()
         self._runs_lost: set[str] = set()
-
-    # ------------------------------------------------------------------------------------------- engines
-    def add_engine(self, url: str, cell: int, name: str | None = None) -> Engine:
-        name = name or url.rstrip("/")
-        eng = self.router.add(name, url.rstrip("/"), cell)
-        old = self._clients.get(name)
-        if old is None or old.url != eng.url:
-            self._clients[name] = AsyncEngineClient(eng.url, timeout=self.cfg.request_timeout_s,
-                                                    connect_retries=self.cfg.connect_retries)
-            if old is not None:
-                asyncio.ensure_future(old.aclose())
-        self.events.write("engine_added", engine=name, url=eng.url, cell=cell)
-        self._wake.set()
-        return eng
-
-    def _names(self, engine: str | None, cell: int | None) -> list[str]:
-        if (engine is None) == (cell is None):
-            raise ProxyError("give exactly one of 'engine' (a name) or 'cell' (an index)")
-        return [self.router.engine(engine).name] if engine is not None else self.router.cell_engines(cell)
-
-    async def drain(self, engine: str | None = None, cell: int | None = None,
-                    timeout_s: float | None = None) -> dict:
-        """Stop routing to the engines and move their requests elsewhere; returns once none is left there."""
-        names = self._names(engine, cell)
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        keys = self.router.drain(names)
-        for name in names:
-            eng = self.router.engine(name)
-            self.events.write("engine_draining", engine=name, cell=eng.cell, in_flight=eng.load)
-        for key in keys:
-            self._flag(key, "drain", t0)
-        deadline = t0 + (self.cfg.drain_timeout_s if timeout_s is None else timeout_s)
-        while (left := [k for n in names for k in sorted(self.router.engine(n).in_flight)]) and loop.time() < deadline:
-            await asyncio.gather(*(self._abort_request(k, loop.time()) for k in left))
-            await asyncio.sleep(min(self.cfg.abort_retry_s, 0.05))
-        seconds = loop.time() - t0
-        for name in names:
-            self.events.write("engine_drained", engine=name, cell=self.router.engine(name).cell, moved=len(keys),
-                              seconds=seconds, left=len(self.router.engine(name).in_flight))
-        return {"engines": names, "moved": len(keys), "left": left, "seconds": seconds}
-
-    def _flag(self, key: str, reason: str, t0: float) -> _Request | None:
-        r = self._requests.get(key)
-        if r is not None and r.move_reason is None:
-            r.move_reason, r.move_t0 = reason, t0
-        return r
-
-    async def _abort_request(self, key: str, now: float) -> None:
-        r = self._requests.get(key)
-        if r is None or now - r.abort_sent < self.cfg.abort_retry_s:
-            return
-        self._flag(key, "drain", now)
-        r.abort_sent = now
-        with contextlib.suppress(EngineError):
-            await self._clients[r.engine.name].abort(key)
-
-    def mark_dead(self, engine: str | None = None, cell: int | None = None, reason: str = "reported dead") -> dict:
-        """The engines died: their requests' connections are dropped and the requests resubmitted elsewhere."""
-        names = self._names(engine, cell)
-        now = asyncio.get_running_loop().time()
-        keys = []
-        for name in names:
-            eng = self.router.engine(name)
-            if eng.state is EngineState.DEAD:
-                continue
-            keys += self.router.mark_dead([name])
-            self.events.write("engine_dead", engine=name, cell=eng.cell, reason=reason, in_flight=eng.load)
-        for key in keys:
-            r = self._flag(key, "dead", now)
-            if r is not None and r.task is not None:
-                r.task.cancel()
-        return {"engines": names, "moved": len(keys)}
-
-    async def remove(self, engine: str | None = None, cell: int | None = None) -> dict:
-        """Forget engines (a cell left rollout for good); engines still serving are drained first."""
-        names = self._names(engine, cell)
-        moved = 0
-        for name in names:
-            if self.router.engine(name).state is EngineState.ACTIVE or self.router.engine(name).in_flight:
-                moved += (await self.drain(engine=name))["moved"]
-            eng = self.router.remove(name)
-            client = self._clients.pop(name, None)
-            if client is not None:
-                await client.aclose()
-            self.events.write("engine_removed", engine=name, cell=eng.cell)
-        return {"engines": names, "moved": moved}
 
     # -------------------------------------------------------------------------------------------- calls
     async def generate(self, body: Any) -> dict:
@@ -223,9 +126,11 @@ class ProxyService:
                 eng = await self._start(key, call.req.run_id, [move.source.name] if move else [])
             except NoEngineError as exc:
                 raise (self._lost(call, str(exc), 503) if move is not None else exc) from None
-            r = self._requests[key] = call.current = _Request(key, eng)
+            r = self._requests[key] = call.current = Request(key, eng)
             try:
                 if move is not None:
+                    if move.reason.startswith("refused"):  # an overloaded engine: do not bounce at full speed
+                        await asyncio.sleep(self.cfg.abort_retry_s)
                     await self._log_move(call, move, eng, nxt[0])
                 move = await self._run(call, r, *nxt, first=not call.segments and move is None)
             finally:
@@ -249,11 +154,11 @@ class ProxyService:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), left)
 
-    async def _run(self, call: _Call, r: _Request, input_ids: list[int], sampling: dict, first: bool) -> _Move | None:
+    async def _run(self, call: _Call, r: Request, input_ids: list[int], sampling: dict, first: bool) -> _Move | None:
         """One engine request; returns the move to make next, or None when the call is complete."""
         eng = r.engine
-        if r.move_reason == "dead":  # marked dead while the move was being prepared: never send it there
-            return _Move("dead", eng, r.move_t0, False, 0)
+        if r.move_reason is not None:  # the engine left while the move was being prepared: never send it there
+            return _Move(r.move_reason, eng, r.move_t0, r.move_reason != "dead", 0)
         r.task = asyncio.ensure_future(self._clients[eng.name].generate(input_ids, sampling, rid=r.key,
                                                                         return_logprob=True))
         try:

@@ -137,7 +137,7 @@ def test_concurrent_runs_stick_to_one_engine_and_spread_over_both(cluster, proxy
 
     def run(run_id):
         with ProxyClient(cluster[0].url, timeout=120.0) as c:
-            return [c.generate(PROMPT + [i], f"{run_id}/c{i}", {"max_new_tokens": 24, **GREEDY})
+            return [c.generate(PROMPT + [i], f"{run_id}/c{i}", {"max_new_tokens": 48, **GREEDY})
                     .meta_info["proxy"]["engines"] for i in range(3)]
 
     with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
@@ -166,7 +166,7 @@ def test_the_harness_can_abort_its_own_call_and_it_is_not_moved(cluster, proxy, 
 # --------------------------------------------------------------------------------------------------- moves
 def test_draining_an_engine_mid_call_moves_it_and_the_harness_gets_the_whole_answer(cluster, proxy, engines,
                                                                                     tmp_path):
-    n = 80
+    n = 160
     reference = engines["e0"].generate(PROMPT, {"max_new_tokens": n, **GREEDY}).output_ids
     first = proxy.generate(PROMPT[:2], "q5-r0/c0", {"max_new_tokens": 1, **GREEDY})
     source = first.meta_info["proxy"]["engines"]  # q5-r0 sticks to this engine
@@ -204,13 +204,40 @@ def test_draining_an_engine_mid_call_moves_it_and_the_harness_gets_the_whole_ans
     assert {e["name"]: e["state"] for e in proxy.engines()} == {"e0": "active", "e1": "active"}
 
 
+def test_a_call_its_engine_aborts_on_its_own_continues_elsewhere_with_its_partial_output(cluster, proxy, engines,
+                                                                                         tmp_path):
+    """An abort the proxy did not ask for (here a weight-version update with abort_all_requests; also what an
+    engine does on SIGTERM) is a move too: the partial output is kept and the call continues on another engine."""
+    n = 160
+    reference = engines["e0"].generate(PROMPT, {"max_new_tokens": n, **GREEDY}).output_ids
+    since = len(read_events(cluster[2]))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        fut = _background(pool, cluster[0].url, "q9-r0/c0", n)
+        source = _wait(lambda: next((name for name, k in _in_flight(proxy).items() if k), None))
+        before = _generated(engines[source])
+        _wait(lambda: _generated(engines[source]) >= before + 3)
+        try:
+            engines[source].update_weight_version("0", abort_all_requests=True)
+            res = fut.result(60)
+        finally:
+            engines[source].update_weight_version("0")
+    assert res.output_ids == reference and res.finish_reason == "length"
+    (move,) = [e for e in _new_events(cluster, since) if e["event"] == "move"]
+    assert move["reason"] == "engine_abort" and move["from_engine"] == source and move["to_engine"] != source
+    assert move["partial_tokens"] >= 3 and move["reprefill_tokens"] == len(PROMPT) + move["partial_tokens"]
+    (c,) = _flush(proxy, tmp_path, ["q9-r0"]).calls
+    assert c.engine == f"{source}>{move['to_engine']}" and c.output_ids.tolist() == list(reference)
+
+
 def test_an_engine_marked_dead_while_hung_loses_no_call(cluster, proxy, engines, tmp_path):
-    n = 40
+    n = 120
     reference = engines["e1"].generate(PROMPT, {"max_new_tokens": n, **GREEDY}).output_ids
     since = len(read_events(cluster[2]))
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         fut = _background(pool, cluster[0].url, "q6-r0/c0", n)
-        hung = _wait(lambda: next((n for n, k in _in_flight(proxy).items() if k), None))
+        hung = _wait(lambda: next((name for name, k in _in_flight(proxy).items() if k), None))
+        before = _generated(engines[hung])
+        _wait(lambda: _generated(engines[hung]) > before)
         engines[hung].pause("in_place")  # it stops answering the call
         try:
             assert proxy.mark_dead(engine=hung, reason="heartbeat lost")["moved"] == 1
@@ -247,7 +274,7 @@ def test_a_call_waits_for_an_engine_when_none_serves_and_fails_clearly_if_none_c
 
 def test_killing_an_engine_mid_generation_loses_no_call(cluster, proxy, engines, tmp_path):
     """Runs last: e1's process is killed (SIGKILL by PID) while calls run on both engines."""
-    n = 60
+    n = 120
     prompts = {f"q8-r{i}": PROMPT + [i] for i in range(4)}
     reference = {run: engines["e0"].generate(p, {"max_new_tokens": n, **GREEDY}).output_ids
                  for run, p in prompts.items()}
@@ -260,6 +287,7 @@ def test_killing_an_engine_mid_generation_loses_no_call(cluster, proxy, engines,
         assert on_victim >= 1 and loads["e0"] >= 1  # least-loaded spreads the four new runs
         before = _generated(engines["e1"])
         _wait(lambda: _generated(engines["e1"]) > before)
+        engines["e1"].pause("in_place")  # its calls are mid-generation when it dies
         os.kill(victim.pid, signal.SIGKILL)
         results = {run: f.result(90) for run, f in futs.items()}
     victim.process.wait(10)
