@@ -11,6 +11,7 @@ EDGE_PREFIXES = (
     "gyre_hpc.train", "gyre_hpc.engines", "gyre_hpc.transfer", "gyre_hpc.cell", "gyre_hpc.proxy",
     "gyre_hpc.report", "gyre_hpc.cli", "gyre_hpc.slurm.submit", "gyre_hpc.trajectory.collate",
     "gyre_hpc.allocator.mpi_transport", "gyre_hpc.allocator.server", "gyre_hpc.runtime",
+    "gyre_hpc.agents.harness", "gyre_hpc.agents.closed_loop",
 )
 BLOCKED = ("torch", "megatron", "mpi4py", "sglang", "mooncake", "submitit", "matplotlib", "tqdm")
 
