@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from gyre_hpc.allocator.sim.compare import compare
+from gyre_hpc.allocator.sim.compare import compare, validate_all
 from gyre_hpc.allocator.sim.sweep import parse_axes, run_grid, write_tables
 from gyre_hpc.config import load_config
 
@@ -56,7 +56,7 @@ def _table(result: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.sweep:
         axes = parse_axes(args.sweep)
-        rows = run_grid(args.config, args.overrides, axes, compare)
+        rows = run_grid(args.config, args.overrides, axes, compare, validate_all)
         out = Path(args.out or f"runs/sim-sweep-{time.strftime('%Y%m%d-%H%M%S')}")
         csv_path, md_path = write_tables(rows, out)
         print(json.dumps(rows) if args.json else md_path.read_text(), end="" if not args.json else "\n")

@@ -33,12 +33,13 @@ def parse_axes(specs: list[str]) -> list[tuple[str, list[str]]]:
 
 
 def run_grid(path: str | None, overrides: list[str], axes: list[tuple[str, list[str]]],
-             compare: Callable[[Any], tuple[dict, dict]]) -> list[dict[str, Any]]:
+             compare: Callable[[Any], tuple[dict, dict]], validate: Callable[[Any], None]) -> list[dict[str, Any]]:
     """One row per grid point: the axis values, then hours, speedups and staleness per policy."""
     cfgs = []
     for combo in itertools.product(*[vals for _, vals in axes]):
         sets = [f"{k}={v}" for (k, _), v in zip(axes, combo)]
-        cfgs.append((combo, load_config(path, overrides + sets)))  # all points checked before any runs
+        cfgs.append((combo, load_config(path, overrides + sets)))
+        validate(cfgs[-1][1])  # every point is checked before any simulation runs
     rows = []
     for combo, cfg in cfgs:
         result, _ = compare(cfg)
