@@ -405,6 +405,59 @@ class SimConfig:
 
 
 @dataclass(frozen=True)
+class AgentConfig:
+    """The synthetic long-horizon agent workload of live runs (docs/agent-workload.md): task, branching, timing."""
+
+    runs_per_group: int = param(4, "Runs per query (a group); the harness runs them concurrently.")
+    system_tokens: int = param(6, "System prompt length: the SYS marker and tokens drawn once from run.seed.")
+    task_tokens: int = param(8, "Task tokens per query; the hidden key is their sum modulo key_classes.")
+    key_classes: int = param(2, "m: an answer token t is right iff (t - first content id) % m == key; chance is 1/m.")
+    turns: tuple[int, ...] = param((2, 4), "[min, max] tool-call turns of the main agent before it answers (per query).")
+    call_tokens: int = param(6, "max_new_tokens of a tool-call turn (the call's arguments; also a draft).")
+    answer_tokens: int = param(8, "max_new_tokens of the answer turn, and the score's denominator.")
+    tool_output_tokens: tuple[int, ...] = param((2, 8), "[min, max] filler tokens a successful tool returns.")
+    tool_time_median_s: float = param(0.05, "Median seconds of one tool call (lognormal).")
+    tool_time_sigma: float = param(1.0, "Lognormal sigma of tool times (long tail: p99 = median * e^(2.33 sigma)).")
+    tool_failure_prob: float = param(0.15, "Probability that a tool call fails (ERR instead of the key).")
+    max_retries: int = param(2, "A failed tool call is retried this often, re-issuing the model call from its input.")
+    subagent_prob: float = param(0.15, "Probability that a main-agent tool call is delegated to a subagent.")
+    subagent_turns: tuple[int, ...] = param((1, 2), "[min, max] tool-call turns of a subagent.")
+    context_budget: int = param(96, "A context whose next call would exceed this many tokens is compressed first.")
+    timeout_s: float = param(20.0, "Per-run wall-clock timeout in seconds (the harness enforces it).")
+    partial_scoring: bool = param(True, "Grade the last draft of a timed-out run (timeout_partial); false: unscorable.")
+    eval_failure_rate: float = param(0.0, "Injected probability that grading a run fails (eval_failure, never a 0).")
+    temperature: float = param(1.0, "Sampling temperature sent to the engine.")
+    top_p: float = param(1.0, "Nucleus sampling threshold sent to the engine.")
+    top_k: int = param(-1, "Top-k sampling sent to the engine; -1 = off.")
+    seeded_sampling: bool = param(True, "Send a sampling_seed per call derived from run.seed, run and call id.")
+    abort_retries: int = param(2, "A /generate answered with finish_reason abort is re-issued this often, then the "
+                                  "run ends aborted.")
+
+    def min_budget(self) -> int:
+        """The smallest context_budget in which a compressed context still fits its next call."""
+        longest = max(self.call_tokens, self.answer_tokens)
+        return self.system_tokens + 4 + max(self.task_tokens, self.call_tokens) + longest
+
+    def check(self) -> None:
+        for key in ("runs_per_group", "system_tokens", "task_tokens", "call_tokens", "answer_tokens"):
+            require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
+        require(1 <= self.key_classes <= 16, "key_classes", f"must be in [1, 16], got {self.key_classes}")
+        for key, low in (("turns", 0), ("tool_output_tokens", 0), ("subagent_turns", 1)):
+            v = getattr(self, key)
+            require(len(v) == 2 and low <= v[0] <= v[1], key, f"must be [min, max] with {low} <= min <= max, got {list(v)}")
+        for key in ("tool_failure_prob", "subagent_prob", "eval_failure_rate"):
+            require(0.0 <= getattr(self, key) <= 1.0, key, f"must be in [0, 1], got {getattr(self, key)}")
+        for key in ("tool_time_median_s", "timeout_s"):
+            require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
+        for key in ("tool_time_sigma", "temperature", "max_retries", "abort_retries"):
+            require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
+        require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
+        require(self.top_k == -1 or self.top_k >= 1, "top_k", f"must be -1 or >= 1, got {self.top_k}")
+        require(self.context_budget >= self.min_budget(), "context_budget",
+                f"must be >= {self.min_budget()} (a compressed context plus its next call), got {self.context_budget}")
+
+
+@dataclass(frozen=True)
 class GyreConfig:
     """The root: one section per component. Components receive their section, never this object."""
 
@@ -420,6 +473,7 @@ class GyreConfig:
     workload: WorkloadConfig = param(WorkloadConfig(), "Simulated agent workload (parametric or trace).")
     sim: SimConfig = param(SimConfig(), "Simulator: compared policies, steps, cell physics.")
     proxy: ProxyConfig = param(ProxyConfig(), "The proxy agents call: routing, TITO recording, moves.")
+    agent: AgentConfig = param(AgentConfig(), "Synthetic agent workload of live runs (harness).")
 
 
 # ----------------------------------------------------------------------------------------------- loader
@@ -600,57 +654,3 @@ def explain(cls: type = None, prefix: str = "") -> list[tuple[str, str, str, str
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             rows.append((key, _type_name(tp), repr(to_dict(default)), doc))
     return rows
-@dataclass(frozen=True)
-class AgentConfig:
-    """The synthetic long-horizon agent workload of live runs (docs/agent-workload.md): task, branching, timing."""
-
-    runs_per_group: int = param(4, "Runs per query (a group); the harness runs them concurrently.")
-    system_tokens: int = param(6, "System prompt length: the SYS marker and tokens drawn once from run.seed.")
-    task_tokens: int = param(8, "Task tokens per query; the hidden key is their sum modulo key_classes.")
-    key_classes: int = param(2, "m: an answer token t is right iff (t - first content id) % m == key; chance is 1/m.")
-    turns: tuple[int, ...] = param((2, 4), "[min, max] tool-call turns of the main agent before it answers (per query).")
-    call_tokens: int = param(6, "max_new_tokens of a tool-call turn (the call's arguments; also a draft).")
-    answer_tokens: int = param(8, "max_new_tokens of the answer turn, and the score's denominator.")
-    tool_output_tokens: tuple[int, ...] = param((2, 8), "[min, max] filler tokens a successful tool returns.")
-    tool_time_median_s: float = param(0.05, "Median seconds of one tool call (lognormal).")
-    tool_time_sigma: float = param(1.0, "Lognormal sigma of tool times (long tail: p99 = median * e^(2.33 sigma)).")
-    tool_failure_prob: float = param(0.15, "Probability that a tool call fails (ERR instead of the key).")
-    max_retries: int = param(2, "A failed tool call is retried this often, re-issuing the model call from its input.")
-    subagent_prob: float = param(0.15, "Probability that a main-agent tool call is delegated to a subagent.")
-    subagent_turns: tuple[int, ...] = param((1, 2), "[min, max] tool-call turns of a subagent.")
-    context_budget: int = param(96, "A context whose next call would exceed this many tokens is compressed first.")
-    timeout_s: float = param(20.0, "Per-run wall-clock timeout in seconds (the harness enforces it).")
-    partial_scoring: bool = param(True, "Grade the last draft of a timed-out run (timeout_partial); false: unscorable.")
-    eval_failure_rate: float = param(0.0, "Injected probability that grading a run fails (eval_failure, never a 0).")
-    temperature: float = param(1.0, "Sampling temperature sent to the engine.")
-    top_p: float = param(1.0, "Nucleus sampling threshold sent to the engine.")
-    top_k: int = param(-1, "Top-k sampling sent to the engine; -1 = off.")
-    seeded_sampling: bool = param(True, "Send a sampling_seed per call derived from run.seed, run and call id.")
-    abort_retries: int = param(2, "A /generate answered with finish_reason abort is re-issued this often, then the "
-                                  "run ends aborted.")
-
-    def min_budget(self) -> int:
-        """The smallest context_budget in which a compressed context still fits its next call."""
-        longest = max(self.call_tokens, self.answer_tokens)
-        return self.system_tokens + 4 + max(self.task_tokens, self.call_tokens) + longest
-
-    def check(self) -> None:
-        for key in ("runs_per_group", "system_tokens", "task_tokens", "call_tokens", "answer_tokens"):
-            require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
-        require(1 <= self.key_classes <= 16, "key_classes", f"must be in [1, 16], got {self.key_classes}")
-        for key, low in (("turns", 0), ("tool_output_tokens", 0), ("subagent_turns", 1)):
-            v = getattr(self, key)
-            require(len(v) == 2 and low <= v[0] <= v[1], key, f"must be [min, max] with {low} <= min <= max, got {list(v)}")
-        for key in ("tool_failure_prob", "subagent_prob", "eval_failure_rate"):
-            require(0.0 <= getattr(self, key) <= 1.0, key, f"must be in [0, 1], got {getattr(self, key)}")
-        for key in ("tool_time_median_s", "timeout_s"):
-            require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
-        for key in ("tool_time_sigma", "temperature", "max_retries", "abort_retries"):
-            require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
-        require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
-        require(self.top_k == -1 or self.top_k >= 1, "top_k", f"must be -1 or >= 1, got {self.top_k}")
-        require(self.context_budget >= self.min_budget(), "context_budget",
-                f"must be >= {self.min_budget()} (a compressed context plus its next call), got {self.context_budget}")
-
-
-    agent: AgentConfig = param(AgentConfig(), "Synthetic agent workload of live runs (harness).")
