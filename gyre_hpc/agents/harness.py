@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -50,6 +50,7 @@ class RunResult:
     outcome: Outcome
     calls: tuple[Call, ...]  # the calls as the harness saw them (in the file only without a proxy)
     path: Path
+    kinds: dict[str, str] = field(default_factory=dict)  # call id → the branch kind the episode meant
     post_error: str | None = None  # proxy mode: why the outcome could not be posted (it is in the file anyway)
 
 
@@ -118,7 +119,7 @@ class Harness:
             self._write(ep, calls, ep.aborted_outcome(time.time(), f"harness stopped: {type(exc).__name__}: {exc}"))
             raise
         path = self._write(ep, calls, outcome)
-        return RunResult(ep.run_id, outcome, tuple(calls), path, await self._post(outcome))
+        return RunResult(ep.run_id, outcome, tuple(calls), path, dict(ep.kinds), await self._post(outcome))
 
     def _write(self, ep: Episode, calls: list[Call], outcome: Outcome) -> Path:
         return write_tito(self.out_dir / f"{ep.run_id}.jsonl", [] if self.proxy else calls, [outcome])
