@@ -127,6 +127,11 @@ class ModelConfig:
     normalization: Literal["RMSNorm", "LayerNorm"] = param("RMSNorm", "Normalization layer type.")
     swiglu: bool = param(True, "Gated SiLU MLP (linear_fc1 holds [gate; up]); false = GELU MLP.")
     tie_embeddings: bool = param(False, "Share the input embedding and the output layer weights.")
+    attention: Literal["local", "sdpa"] = param(
+        "local",
+        "Core attention inside megatron's local layer spec: local = megatron's DotProductAttention (unfused); "
+        "sdpa = torch scaled_dot_product_attention (fused kernel, same function, same tree masks).",
+    )
 
     def check(self) -> None:
         for key in ("vocab_size", "hidden", "layers", "heads", "ffn", "max_seq_len", "rotary_base"):

@@ -103,9 +103,14 @@ def build_model(cfg: ModelConfig, seed: int = 0) -> torch.nn.Module:
         if not ps.model_parallel_is_initialized():
             init_parallel(seed=seed)
         torch.manual_seed(seed)
+        spec = get_gpt_layer_local_spec(normalization=cfg.normalization)
+        if cfg.attention == "sdpa":
+            from gyre_hpc.train.attention import SDPAttention
+
+            spec.submodules.self_attention.submodules.core_attention = SDPAttention
         model = GPTModel(
             config=transformer_config(cfg),
-            transformer_layer_spec=get_gpt_layer_local_spec(normalization=cfg.normalization),
+            transformer_layer_spec=spec,
             vocab_size=cfg.vocab_size,
             max_sequence_length=cfg.max_seq_len,
             position_embedding_type=cfg.position_embedding,

@@ -18,8 +18,9 @@ def make_trainer():
 
     torch.set_num_threads(1)
 
-    def make(position_embedding="mrope", **train):
-        return Trainer(ModelConfig(position_embedding=position_embedding), TrainConfig(**train), seed=0)
+    def make(position_embedding="mrope", attention="local", **train):
+        model = ModelConfig(position_embedding=position_embedding, attention=attention, kv_heads=2)
+        return Trainer(model, TrainConfig(**train), seed=0)
 
     return make
 
@@ -39,10 +40,24 @@ def assert_same_loss_and_grads(trainer, a, b):
 
 @pytest.mark.parametrize("position_embedding", ["mrope", "learned_absolute"])
 @pytest.mark.parametrize("loss", ["pg", "ppo"])
-def test_tree_and_flat_give_same_loss_and_gradients(make_trainer, position_embedding, loss):
+@pytest.mark.parametrize("attention", ["local", "sdpa"])
+def test_tree_and_flat_give_same_loss_and_gradients(make_trainer, position_embedding, loss, attention):
     tree, flat = fork_pair(GROUPS, seed=1, old_logprob=-5.0)
     assert tree.trained_tokens == flat.trained_tokens and tree.tokens < flat.tokens
-    assert_same_loss_and_grads(make_trainer(position_embedding, loss=loss), tree, flat)
+    assert_same_loss_and_grads(make_trainer(position_embedding, attention, loss=loss), tree, flat)
+
+
+def test_sdpa_core_attention_computes_what_megatron_local_attention_computes(make_trainer):
+    from gyre_hpc.train.attention import SDPAttention
+
+    local, sdpa = make_trainer(attention="local"), make_trainer(attention="sdpa")
+    assert all(isinstance(layer.self_attention.core_attention, SDPAttention) for layer in sdpa.model.decoder.layers)
+    assert not isinstance(local.model.decoder.layers[0].self_attention.core_attention, SDPAttention)
+    tree, _ = fork_pair(GROUPS, seed=1)
+    la, ga = local.loss_and_grads(tree)
+    lb, gb = sdpa.loss_and_grads(tree)
+    assert abs(la - lb) <= TOL * abs(la)
+    assert max(rel(gb[n], ga[n]) for n in ga) <= TOL
 
 
 @pytest.mark.parametrize("layout", [dict(split_trees=False), dict(micro_batch_tokens=1)])
