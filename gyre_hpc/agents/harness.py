@@ -94,16 +94,16 @@ class Harness:
 
     async def run_async(self, groups: Sequence[int]) -> list[RunResult]:
         client = AsyncEngineClient(self.url, **self._client_args)
-        self._posts = httpx.AsyncClient(base_url=self.url, timeout=30.0) if self.proxy else None
+        posts = httpx.AsyncClient(base_url=self.url, timeout=30.0) if self.proxy else None
         try:
             episodes = [ep for g in groups for ep in self.workload.group(g)]
-            return list(await asyncio.gather(*(self._run(client, ep) for ep in episodes)))
+            return list(await asyncio.gather(*(self._run(client, posts, ep) for ep in episodes)))
         finally:
             await client.aclose()
-            if self._posts is not None:
-                await self._posts.aclose()
+            if posts is not None:
+                await posts.aclose()
 
-    async def _run(self, client: AsyncEngineClient, ep: Episode) -> RunResult:
+    async def _run(self, client: AsyncEngineClient, posts: httpx.AsyncClient | None, ep: Episode) -> RunResult:
         calls: list[Call] = []
         inflight: dict[str, str] = {}
         try:
@@ -119,21 +119,10 @@ class Harness:
             self._write(ep, calls, ep.aborted_outcome(time.time(), f"harness stopped: {type(exc).__name__}: {exc}"))
             raise
         path = self._write(ep, calls, outcome)
-        return RunResult(ep.run_id, outcome, tuple(calls), path, dict(ep.kinds), await self._post(outcome))
+        return RunResult(ep.run_id, outcome, tuple(calls), path, dict(ep.kinds), await _post(posts, outcome))
 
     def _write(self, ep: Episode, calls: list[Call], outcome: Outcome) -> Path:
         return write_tito(self.out_dir / f"{ep.run_id}.jsonl", [] if self.proxy else calls, [outcome])
-
-    async def _post(self, outcome: Outcome) -> str | None:
-        """Proxy mode: hand the outcome to the proxy's TITO recorder; returns the error, if any."""
-        if self._posts is None:
-            return None
-        try:
-            body = {k: v for k, v in outcome_record(outcome).items() if k != "type"}
-            resp = await self._posts.post("/tito/outcome", json=body)
-        except httpx.TransportError as exc:
-            return f"no answer ({type(exc).__name__}: {exc})"
-        return None if resp.status_code < 400 else f"HTTP {resp.status_code}: {resp.text[:300]}"
 
     async def _drive(self, client: AsyncEngineClient, ep: Episode, calls: list[Call], inflight: dict) -> None:
         actions, reply = ep.actions(), None
@@ -180,6 +169,18 @@ class Harness:
         if rid is not None:
             with contextlib.suppress(EngineError, asyncio.TimeoutError):
                 await asyncio.wait_for(client.abort(rid), timeout=5.0)
+
+
+async def _post(posts: httpx.AsyncClient | None, outcome: Outcome) -> str | None:
+    """Proxy mode: hand the outcome to the proxy's TITO recorder; returns the error, if any."""
+    if posts is None:
+        return None
+    try:
+        body = {k: v for k, v in outcome_record(outcome).items() if k != "type"}
+        resp = await posts.post("/tito/outcome", json=body)
+    except httpx.TransportError as exc:
+        return f"no answer ({type(exc).__name__}: {exc})"
+    return None if resp.status_code < 400 else f"HTTP {resp.status_code}: {resp.text[:300]}"
 
 
 def read_runs(paths: Sequence[str | Path], vocab_size: int | None = None) -> TitoLog:
