@@ -8,7 +8,8 @@ is set by K and P/(P+B); every point has the same number of paths and flat token
 workload (``synth_log`` defaults) for comparison.
 
 Per point: one untimed exactness check (tree vs flat loss and gradients, max relative difference), then
-``--warmup`` + ``--steps`` interleaved full steps (forward, backward, clip, AdamW) in each mode; medians.
+``--warmup`` + ``--steps`` interleaved full steps (forward, backward, clip, AdamW) in each mode; medians of
+the process CPU time and of the wall time per step.
 
     python benchmarks/bench_train_tree_vs_flat.py --threads 1
     python benchmarks/bench_train_tree_vs_flat.py --set model.hidden=256 --set model.layers=4
@@ -46,14 +47,17 @@ def fork_log(fraction: float, path_len: int, paths: int, vocab: int, seed: int):
     return TitoLog(tuple(calls), tuple(outcomes)), K, P, B
 
 
-def median_step_times(trainer, batches: dict, warmup: int, steps: int) -> dict[str, list[float]]:
-    times = {m: [] for m in batches}
+def step_times(trainer, batches: dict, warmup: int, steps: int) -> dict[str, tuple[list[float], list[float]]]:
+    """Per mode: (wall seconds, process CPU seconds) of each timed step. On a shared machine the CPU time is the
+    steadier measure (other processes' load stretches wall time, not this process's CPU time)."""
+    times = {m: ([], []) for m in batches}
     for i in range(warmup + steps):
         for mode, batch in sorted(batches.items(), reverse=bool(i % 2)):  # interleaved, ABBA: load hits both alike
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             trainer.step(batch)
             if i >= warmup:
-                times[mode].append(time.perf_counter() - t0)
+                times[mode][0].append(time.perf_counter() - t0)
+                times[mode][1].append(time.process_time() - c0)
     return times
 
 
@@ -79,12 +83,13 @@ def measure(name, log, cfg, traj, args) -> dict:
     assert tree.trained_tokens == flat.trained_tokens == report.trained_tokens
     trainer = Trainer(cfg.model, cfg.train, seed=0)
     exact = max_rel_diff(trainer, tree, flat)
-    times = median_step_times(trainer, {"tree": tree, "flat": flat}, args.warmup, args.steps)
-    t_tree, t_flat = statistics.median(times["tree"]), statistics.median(times["flat"])
+    times = step_times(trainer, {"tree": tree, "flat": flat}, args.warmup, args.steps)
+    med = {(m, k): statistics.median(times[m][i]) for m in times for i, k in enumerate(("wall", "cpu"))}
     return dict(name=name, f=1 - report.tree_tokens / report.flat_tokens, tree_tokens=report.tree_tokens,
                 flat_tokens=report.flat_tokens, trained=report.trained_tokens, tree_shape=tree.shape,
-                flat_shape=flat.shape, exact=exact, t_tree=t_tree, t_flat=t_flat, ratio=t_flat / t_tree,
-                ideal=report.flat_tokens / report.tree_tokens)
+                flat_shape=flat.shape, exact=exact, ideal=report.flat_tokens / report.tree_tokens,
+                **{f"{k}_{m}": v for (m, k), v in med.items()},
+                ratio_wall=med["flat", "wall"] / med["tree", "wall"], ratio_cpu=med["flat", "cpu"] / med["tree", "cpu"])
 
 
 def main() -> None:
@@ -113,8 +118,9 @@ def main() -> None:
           f"heads {m.heads}, {m.position_embedding}; max_row_tokens {args.max_row_tokens}; "
           f"{args.steps} steps after {args.warmup} warm-up, medians")
     print("| data | f (shared) | flat tokens | tree tokens | flat rows x len | tree rows x len | max rel diff "
-          "| flat s/step | tree s/step | speed-up flat/tree | token ratio |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| flat CPU s/step | tree CPU s/step | speed-up (CPU) | flat wall s | tree wall s | speed-up (wall) "
+          "| token ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     points = []
     for f in args.fractions:
         log, K, P, B = fork_log(f, args.path_len, args.paths, m.vocab_size, seed=0)
@@ -127,8 +133,8 @@ def main() -> None:
         r = measure(name, log, cfg, cfg.trajectory, args)
         print(f"| {r['name']} | {r['f']:.2f} | {r['flat_tokens']} | {r['tree_tokens']} | "
               f"{r['flat_shape'][0]}x{r['flat_shape'][1]} | {r['tree_shape'][0]}x{r['tree_shape'][1]} | "
-              f"{r['exact']:.1e} | {r['t_flat']:.3f} | {r['t_tree']:.3f} | {r['ratio']:.2f} | {r['ideal']:.2f} |",
-              flush=True)
+              f"{r['exact']:.1e} | {r['cpu_flat']:.3f} | {r['cpu_tree']:.3f} | {r['ratio_cpu']:.2f} | "
+              f"{r['wall_flat']:.3f} | {r['wall_tree']:.3f} | {r['ratio_wall']:.2f} | {r['ideal']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -52,6 +53,8 @@ def main() -> int:
     ap.add_argument("--paths", type=int, default=64)
     ap.add_argument("--micro-batch-tokens", type=int, default=32768)
     ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="autocast dtype for timed steps")
+    ap.add_argument("--attention", nargs="+", choices=["local", "sdpa"], default=["local", "sdpa"],
+                    help="core attention(s) to measure (model.attention)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--out", help="write the results as JSON here (atomically)")
@@ -70,7 +73,8 @@ def main() -> int:
         return 2
     if args.tiny:
         args.path_len, args.paths = min(args.path_len, 64), min(args.paths, 32)
-    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2)) if not cuda else None
+    if not cuda:
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     cfg = load_config(None, (MODEL_TINY if args.tiny else MODEL_100M) + [
         "trajectory.j_max=null", f"trajectory.max_row_tokens={64 * args.path_len}",
         f"train.micro_batch_tokens={args.micro_batch_tokens}", "train.lr=1.0e-5"])
@@ -79,28 +83,31 @@ def main() -> int:
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
-    trainer = Trainer(cfg.model, cfg.train, seed=0)
-    n_params = sum(p.numel() for p in trainer.model.parameters())
-    head = dict(device=device, torch=torch.__version__, params=n_params, dtype=args.dtype if cuda else "fp32",
+    head = dict(device=device, torch=torch.__version__, dtype=args.dtype if cuda else "fp32",
                 path_len=args.path_len, paths=args.paths, steps=args.steps, warmup=args.warmup,
                 micro_batch_tokens=args.micro_batch_tokens, date=time.strftime("%Y-%m-%d"))
     print("#", json.dumps(head), flush=True)
-    print("| f | K P B | flat tokens | tree tokens | exact (fp32) | flat s/step | tree s/step | flat tok/s | "
-          "tree tok/s (path tokens) | speed-up | token ratio |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| attention | f | K P B | flat tokens | tree tokens | exact (fp32) | flat s/step | tree s/step | "
+          "flat tok/s | tree tok/s (path tokens) | speed-up | token ratio |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows = []
-    for f in args.fractions:
-        log, K, P, B = fork_log(f, args.path_len, args.paths, cfg.model.vocab_size, seed=0)
-        tree, rep = build_batch(log, cfg.trajectory, "tree")
-        flat, _ = build_batch(log, cfg.trajectory, "flat")
-        exact = max_rel_diff(trainer, tree, flat)
-        t = timed_steps(trainer, {"tree": tree, "flat": flat}, args.warmup, args.steps, autocast, sync)
-        r = dict(f=1 - rep.tree_tokens / rep.flat_tokens, K=K, P=P, B=B, flat_tokens=rep.flat_tokens,
-                 tree_tokens=rep.tree_tokens, exact=exact, t_flat=t["flat"], t_tree=t["tree"],
-                 speedup=t["flat"] / t["tree"], token_ratio=rep.flat_tokens / rep.tree_tokens)
-        rows.append(r)
-        print(f"| {r['f']:.2f} | {K} {P} {B} | {r['flat_tokens']} | {r['tree_tokens']} | {exact:.1e} | "
-              f"{r['t_flat']:.4f} | {r['t_tree']:.4f} | {r['flat_tokens'] / r['t_flat']:.0f} | "
-              f"{r['flat_tokens'] / r['t_tree']:.0f} | {r['speedup']:.2f} | {r['token_ratio']:.2f} |", flush=True)
+    for attention in args.attention:
+        model_cfg = dataclasses.replace(cfg.model, attention=attention)
+        trainer = Trainer(model_cfg, cfg.train, seed=0)
+        head["params"] = sum(p.numel() for p in trainer.model.parameters())
+        for f in args.fractions:
+            log, K, P, B = fork_log(f, args.path_len, args.paths, cfg.model.vocab_size, seed=0)
+            tree, rep = build_batch(log, cfg.trajectory, "tree")
+            flat, _ = build_batch(log, cfg.trajectory, "flat")
+            exact = max_rel_diff(trainer, tree, flat)
+            t = timed_steps(trainer, {"tree": tree, "flat": flat}, args.warmup, args.steps, autocast, sync)
+            r = dict(attention=attention, f=1 - rep.tree_tokens / rep.flat_tokens, K=K, P=P, B=B,
+                     flat_tokens=rep.flat_tokens, tree_tokens=rep.tree_tokens, exact=exact, t_flat=t["flat"],
+                     t_tree=t["tree"], speedup=t["flat"] / t["tree"], token_ratio=rep.flat_tokens / rep.tree_tokens)
+            rows.append(r)
+            print(f"| {attention} | {r['f']:.2f} | {K} {P} {B} | {r['flat_tokens']} | {r['tree_tokens']} | "
+                  f"{exact:.1e} | {r['t_flat']:.4f} | {r['t_tree']:.4f} | {r['flat_tokens'] / r['t_flat']:.0f} | "
+                  f"{r['flat_tokens'] / r['t_tree']:.0f} | {r['speedup']:.2f} | {r['token_ratio']:.2f} |", flush=True)
+        del trainer
     if cuda:
         head["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     if args.out:
