@@ -123,9 +123,11 @@ class ProxyService(EngineAdmin):
                 raise self._lost(call, f"moved {call.moves} times (proxy.max_moves_per_call)", 502)
             key = f"{call.req.rid}~{next(self._keys)}"
             try:
-                eng = await self._start(key, call.req.run_id, [move.source.name] if move else [])
+                eng = await self._start(key, call, [move.source.name] if move else [])
             except NoEngineError as exc:
                 raise (self._lost(call, str(exc), 503) if move is not None else exc) from None
+            if eng is None:  # the harness aborted the call while it waited for an engine
+                return
             r = self._requests[key] = call.current = Request(key, eng)
             try:
                 if move is not None:
@@ -140,12 +142,13 @@ class ProxyService(EngineAdmin):
             if move is None:
                 return
 
-    async def _start(self, key: str, run_id: str, avoid: list[str]) -> Engine:
+    async def _start(self, key: str, call: _Call, avoid: list[str]) -> Engine | None:
+        """Route the call's next request, waiting up to ``no_engine_wait_s`` for an ACTIVE engine."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.cfg.no_engine_wait_s
-        while True:
+        while not call.harness_abort:
             try:
-                return self.router.start(key, run_id, avoid)
+                return self.router.start(key, call.req.run_id, avoid)
             except NoEngineError:
                 left = deadline - loop.time()
                 if left <= 0:
@@ -153,10 +156,13 @@ class ProxyService(EngineAdmin):
                 self._wake.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), left)
+        return None
 
     async def _run(self, call: _Call, r: Request, input_ids: list[int], sampling: dict, first: bool) -> _Move | None:
         """One engine request; returns the move to make next, or None when the call is complete."""
         eng = r.engine
+        if call.harness_abort:  # aborted while the move was being prepared: end with what it has
+            return None
         if r.move_reason is not None:  # the engine left while the move was being prepared: never send it there
             return _Move(r.move_reason, eng, r.move_t0, r.move_reason != "dead", 0)
         r.task = asyncio.ensure_future(self._clients[eng.name].generate(input_ids, sampling, rid=r.key,
@@ -226,6 +232,7 @@ class ProxyService(EngineAdmin):
         calls = list(self._calls.values()) if abort_all else [self._calls[rid]] if rid in self._calls else []
         for call in calls:
             call.harness_abort = True
+        self._wake.set()  # calls waiting for an engine stop waiting
         await asyncio.gather(*(self._abort_current(c) for c in calls))
         return len(calls)
 

@@ -5,6 +5,7 @@ in a thread) that answers ``/generate`` the way one edge case needs: it aborts e
 overloaded (503), or it is slow. The proxy runs in-process (its real FastAPI app through TestClient).
 """
 import asyncio
+import concurrent.futures
 import threading
 import time
 
@@ -230,3 +231,19 @@ def test_outcomes_posted_to_the_proxy_are_flushed_with_the_calls(fakes, proxy_ap
     assert [c.output_ids.tolist() for c in log.calls] == [[1, 2, 3, 4]] * 2
     assert log.outcome["q0-r1"].score is None and log.outcome["q0-r0"].score == 0.0
     assert log.calls[0].output_versions.tolist() == [2, 2, 2, 2] and log.calls[0].engine.startswith("http://")
+
+
+def test_a_harness_abort_ends_a_call_that_waits_for_an_engine(proxy_app):
+    client, service = proxy_app(no_engine_wait_s=30.0)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(gen, client, "q0-r0/c0")
+        deadline = time.monotonic() + 10
+        while not service.stats()["calls_in_flight"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        assert client.post("/abort_request", json={"rid": "q0-r0/c0"}).json() == {"aborted": 1}
+        resp = fut.result(10)
+    assert time.monotonic() - t0 < 5
+    assert resp.status_code == 200 and resp.json()["meta_info"]["finish_reason"]["type"] == "abort"
+    assert resp.json()["output_ids"] == [] and not service.events.of("call_lost")
