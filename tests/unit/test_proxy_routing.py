@@ -214,3 +214,21 @@ def test_random_schedules_keep_each_run_on_one_serving_engine(policy, seed):
                 serving.setdefault(live[key], set()).add(e.name)
         assert all(len(engines) == 1 for engines in serving.values()), serving
         assert sum(e.load for e in r.engines()) == len(live)
+
+
+def test_the_routing_core_imports_only_the_standard_library():
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split('.')[0] in ('numpy', 'yaml', 'httpx', 'fastapi', 'torch', 'uvicorn'):
+                    raise ImportError('routing imported ' + name)
+        sys.meta_path.insert(0, Block())
+        import gyre_hpc.proxy.routing
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
