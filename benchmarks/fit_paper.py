@@ -3,12 +3,12 @@
 Targets (QwenGyre, 2.4T, 48 steps): gyre 75.42 h, async 134.55 h, colocate 91.47 h; 61.1% of queries
 last >= 4 h and the longest run hits the timeout in 38.2% of queries (durations measured under gyre).
 
-Method: a seeded random search (log-uniform in the bounds) followed by coordinate descent in log space
-from the best point, halving a parameter's step when neither direction helps. Every evaluation is a full
-``compare`` of the three policies on the base config with overrides.
+Method: damped Gauss-Newton (Levenberg-Marquardt) on five residuals — log(hours / target) per policy and
+10 x (fraction - target) for the two workload statistics — over the free parameters in log space, with a
+forward-difference Jacobian. Every evaluation is a full ``compare`` of the three policies.
 
-Usage: python benchmarks/fit_paper.py configs/sim/paper_2p4t.yaml [--random 60] [--rounds 6]
-Prints the best overrides as YAML-ready ``key: value`` lines and the resulting numbers.
+Usage: python benchmarks/fit_paper.py configs/sim/paper_2p4t.yaml [--iters 6] [--set k=v ...]
+Prints the fitted ``key=value`` overrides (copy them into the YAML) and the numbers after each iteration.
 """
 from __future__ import annotations
 
@@ -17,24 +17,25 @@ import math
 import sys
 import time
 
+import numpy as np
+
 from gyre_hpc.allocator.sim.compare import compare
 from gyre_hpc.config import load_config
 
-TARGET_HOURS = {"gyre": 75.42, "async": 134.55, "colocate": 91.47}
+TARGET_HOURS = {"gyre": 75.42, "colocate": 91.47, "async": 134.55}
 TARGET_STATS = {"frac_queries_ge_4h": 0.611, "frac_queries_hit_timeout": 0.382}
 
-#: key → (lower, upper, integer?)
+#: free key → (lower, upper, integer?)
 FREE = {
-    "workload.timeout_h": (4.5, 7.0, False),
-    "workload.turns_median": (120.0, 450.0, False),
-    "workload.query_sigma": (0.15, 1.2, False),
-    "workload.run_sigma": (0.05, 0.6, False),
-    "workload.stuck_query_frac": (0.03, 0.4, False),
-    "workload.path_turns": (8.0, 80.0, False),
-    "sim.train_tok_s_per_cell": (1.5e4, 2e5, False),
-    "sim.half_load": (64.0, 4096.0, False),
-    "scheduler.capacity_runs_per_cell": (96, 512, True),
-    "scheduler.theta": (0.1, 1.0, False),
+    "workload.timeout_h": (4.2, 8.0, False),
+    "workload.turns_median": (100.0, 600.0, False),
+    "workload.stuck_query_frac": (0.02, 0.5, False),
+    "workload.query_sigma": (0.1, 1.2, False),
+    "workload.run_sigma": (0.05, 0.8, False),
+    "workload.path_turns": (5.0, 100.0, False),
+    "sim.half_load": (32.0, 4096.0, False),
+    "sim.train_tok_s_per_cell": (1e4, 3e5, False),
+    "scheduler.capacity_runs_per_cell": (64, 512, True),
 }
 TIED = {"scheduler.capacity_runs_per_cell": "sim.kv_slots_per_cell"}
 
@@ -43,72 +44,59 @@ def overrides(x: dict[str, float]) -> list[str]:
     out = []
     for k, v in x.items():
         v = int(round(v)) if FREE[k][2] else float(f"{v:.4g}")
-        out.append(f"{k}={v}")
-        if k in TIED:
-            out.append(f"{TIED[k]}={v}")
+        out += [f"{k}={v}"] + ([f"{TIED[k]}={v}"] if k in TIED else [])
     return out
 
 
-def evaluate(path: str, x: dict[str, float]) -> tuple[float, dict]:
-    result, _ = compare(load_config(path, overrides(x)))
-    loss = sum((math.log(result["policies"][p]["hours"] / h) / 0.02) ** 2 for p, h in TARGET_HOURS.items())
-    loss += sum(((result["workload"][k] - v) / 0.01) ** 2 for k, v in TARGET_STATS.items())
-    return loss, result
+def residuals(path: str, extra: list[str], x: dict[str, float]) -> tuple[np.ndarray, dict]:
+    result, _ = compare(load_config(path, extra + overrides(x)))
+    r = [math.log(result["policies"][p]["hours"] / h) for p, h in TARGET_HOURS.items()]
+    r += [10.0 * (result["workload"][k] - v) for k, v in TARGET_STATS.items()]
+    return np.array(r), result
 
 
-def current(path: str) -> dict[str, float]:
-    cfg = load_config(path)
-    return {k: float(getattr(getattr(cfg, k.split(".")[0]), k.split(".")[1])) for k in FREE}
-
-
-def random_start(path: str, samples: int, seed: int = 0) -> tuple[dict[str, float], float, dict]:
-    """The best of the base config and ``samples`` log-uniform points in the bounds."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    x = current(path)
-    best, res = evaluate(path, x)
-    for n in range(samples):
-        y = {k: float(np.exp(rng.uniform(np.log(lo), np.log(hi)))) for k, (lo, hi, _) in FREE.items()}
-        loss, res_y = evaluate(path, y)
-        if loss < best:
-            x, best, res = y, loss, res_y
-            print(f"sample {n}: loss {loss:.1f} " + " ".join(overrides(y)), file=sys.stderr, flush=True)
-    return x, best, res
-
-
-def fit(path: str, rounds: int, samples: int) -> dict[str, float]:
-    x, best, res = random_start(path, samples)
-    step = {k: 0.25 for k in FREE}
-    for r in range(rounds):
-        for k, (lo, hi, _) in FREE.items():
-            for sign in (1, -1):
-                y = dict(x)
-                y[k] = min(hi, max(lo, x[k] * math.exp(sign * step[k])))
-                if y[k] == x[k]:
-                    continue
-                loss, res_y = evaluate(path, y)
-                if loss < best:
-                    x, best, res = y, loss, res_y
-                    break
-            else:
-                step[k] /= 2
+def fit(path: str, extra: list[str], iters: int) -> dict[str, float]:
+    cfg = load_config(path, extra)
+    keys = list(FREE)
+    x = {k: float(getattr(getattr(cfg, k.split(".")[0]), k.split(".")[1])) for k in keys}
+    r, res = residuals(path, extra, x)
+    lam, h = 1.0, 0.08
+    for it in range(iters):
+        u = np.log([x[k] for k in keys])
+        jac = np.zeros((r.size, len(keys)))
+        for j, k in enumerate(keys):
+            y = dict(x)
+            y[k] = min(FREE[k][1], max(FREE[k][0], x[k] * math.exp(h)))
+            step = math.log(y[k] / x[k]) or -h
+            if step == -h:
+                y[k] = x[k] * math.exp(-h)
+            jac[:, j] = (residuals(path, extra, y)[0] - r) / step
+        while lam < 1e4:
+            delta = np.linalg.solve(jac.T @ jac + lam * np.eye(len(keys)), -jac.T @ r)
+            delta = np.clip(delta, -0.5, 0.5)
+            y = {k: float(min(FREE[k][1], max(FREE[k][0], math.exp(v)))) for k, v in zip(keys, u + delta)}
+            r_y, res_y = residuals(path, extra, y)
+            if r_y @ r_y < r @ r:
+                x, r, res, lam = y, r_y, res_y, lam / 3
+                break
+            lam *= 4
         hours = {p: round(res["policies"][p]["hours"], 2) for p in TARGET_HOURS}
         stats = {k: round(res["workload"][k], 3) for k in TARGET_STATS}
-        print(f"round {r}: loss {best:.2f} {hours} {stats}", file=sys.stderr, flush=True)
+        print(f"iter {it}: |r|^2 {r @ r:.4f} {hours} {stats} " + " ".join(overrides(x)), file=sys.stderr, flush=True)
+        if np.abs(r[:3]).max() < 0.01 and np.abs(r[3:]).max() < 0.1:
+            break
     return x
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config")
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--random", type=int, default=60, help="random-search samples before the descent")
+    ap.add_argument("--iters", type=int, default=6)
+    ap.add_argument("--set", dest="extra", action="append", default=[], help="starting overrides")
     args = ap.parse_args()
     t0 = time.time()
-    x = fit(args.config, args.rounds, args.random)
-    for o in overrides(x):
-        print(o)
+    x = fit(args.config, args.extra, args.iters)
+    print("\n".join(overrides(x)))
     print(f"# fitted in {time.time() - t0:.0f} s", file=sys.stderr)
     return 0
 

@@ -1,7 +1,8 @@
 """Scheduling policies: pure functions of ``(state, now)`` to a list of orders.
 
-Every policy admits new queries through the same staleness window (``staleness.admission_window``) and the
-capacity of the cells that roll out, and tells the trainer two facts: ``streaming`` (ready groups go to
+Every policy admits new queries through the same staleness window (``staleness.admission_window``):
+streaming policies also within the capacity of the cells that roll out, the others a whole fixed batch at a
+time (the engines queue runs that do not fit). Each tells the trainer two facts: ``streaming`` (ready groups go to
 updates in completion order and training starts on them before the batch is complete; otherwise a batch is
 a fixed set of B queries, trained once all of them are done) and ``mu`` (optimizer steps per burst;
 None = the training side never stops).
@@ -24,7 +25,7 @@ Invariants (tested in tests/unit/test_policy_*.py)
 - gyre moves the core first: no satellite trains unless the core trains (the optimizer state lives only on
   the core), and the core leaves training last.
 - async never switches a cell after the pools are formed; colocate never trains while any cell rolls out.
-- admitted-but-untrained groups never exceed the staleness window.
+- admitted-but-untrained groups never exceed the staleness window; a fixed-batch policy admits whole batches.
 - a LOST cell is never given an order.
 """
 from __future__ import annotations
@@ -48,9 +49,8 @@ class Policy:
     streaming: bool = False
     mu: int | None = 1
 
-    @property
-    def capacity(self) -> CapacityModel:
-        return CapacityModel(self.cfg.capacity_runs_per_cell)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "capacity", CapacityModel(self.cfg.capacity_runs_per_cell))
 
     def decide(self, state: SchedState, now: float) -> list[Order]:
         orders = self._roles(state, now)
@@ -66,7 +66,11 @@ class Policy:
 
     def rollout_capable(self, state: SchedState) -> int:
         """Cells whose capacity admission may fill: those rolling out or about to."""
-        return sum(1 for c in state.cells if c.role is Role.ROLLOUT or c.role is Role.LOADING)
+        n = 0
+        for c in state.cells:
+            if c.role is Role.ROLLOUT or c.role is Role.LOADING:
+                n += 1
+        return n
 
     def window(self, state: SchedState) -> int:
         b = self.cfg.batch_groups
@@ -75,8 +79,14 @@ class Policy:
 
     def _admit(self, state: SchedState, orders: list[Order]) -> list[Order]:
         room_groups = self.window(state) - (state.inflight_groups + state.ready_groups)
-        room_runs = self.capacity.capacity(self.rollout_capable(state)) - state.unfinished_runs
-        n = min(room_groups, room_runs // state.runs_per_query)
+        if room_groups <= 0:
+            return []
+        if not self.streaming:  # fixed batches are submitted whole; the engines queue what does not fit
+            b = self.cfg.batch_groups
+            n = room_groups // b * b
+        else:
+            room_runs = self.capacity.capacity(self.rollout_capable(state)) - state.unfinished_runs
+            n = min(room_groups, room_runs // state.runs_per_query)
         return [Admit(n)] if n > 0 else []
 
     def _ripe(self, state: SchedState, now: float) -> tuple[bool, list[Order]]:

@@ -57,7 +57,10 @@ class SchedState:
 
     @property
     def in_transition(self) -> bool:
-        return any(c.role in TRANSITIONS for c in self.cells)
+        for c in self.cells:
+            if c.role in TRANSITIONS:
+                return True
+        return False
 
     @property
     def training_cells(self) -> list[int]:

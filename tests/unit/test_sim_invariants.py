@@ -29,6 +29,8 @@ class Checked:
         for o in orders:
             if isinstance(o, Admit):
                 assert state.inflight_groups + state.ready_groups + o.queries <= window
+                if not self.inner.streaming:
+                    assert o.queries % self.inner.cfg.batch_groups == 0, "fixed batches are admitted whole"
                 self.admitted += o.queries
             if isinstance(o, Switch):
                 assert state.cells[o.cell].role is not Role.LOST

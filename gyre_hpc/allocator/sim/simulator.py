@@ -75,6 +75,7 @@ class Simulation:
         self.batch_done: dict[int, int] = {}
         self.next_batch = 0
         self.g_work: dict[int, float] = {}
+        self.g_trained: dict[int, list[tuple[list[int], list[float]]]] = {}
         self.cur, self.cur_left, self.tr_t, self.tr_stamp = -1, 0.0, 0.0, 0
         self.step_n = 0
         self.train_active = {c for c, r in enumerate(roles) if r is Role.TRAIN}
@@ -193,8 +194,9 @@ class Simulation:
             return
         st = self.state
         self.q_end[qi] = now
-        work = sum(sum(self.trained(r)[1]) for r in range(self.wl.offsets[qi], self.wl.offsets[qi + 1]))
-        work /= self.sim.train_tok_s_per_cell
+        trained = [self.trained(r) for r in range(self.wl.offsets[qi], self.wl.offsets[qi + 1])]
+        self.g_trained[qi] = trained
+        work = sum(sum(tokens) for _, tokens in trained) / self.sim.train_tok_s_per_cell
         self.g_work[qi] = work
         if self.policy.streaming:
             tr.groups_ready(st, 1, work, now)
@@ -324,8 +326,7 @@ class Simulation:
             self._tr_kick(now)
 
     def _record_lag(self, g: int, version: int) -> None:
-        for r in range(self.wl.offsets[g], self.wl.offsets[g + 1]):
-            versions, tokens = self.trained(r)
+        for versions, tokens in self.g_trained.pop(g):
             if not versions:
                 continue
             lag, tokens = self.ledger.add_run(version, versions, tokens)
