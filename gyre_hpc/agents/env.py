@@ -4,16 +4,17 @@
 (sleep ``seconds``, send back None). A driver runs it: the async harness with real time and an engine, or
 ``simulate.play`` with virtual time. ``S`` is the system prompt, ``CTXi`` the header of context ``i``::
 
-    main    S CTX0 TASK q.. CALL | a1 TOOL KEYr f.. CALL | a2 TOOL ERR CALL ... ANSWER | answer END
+    main    S CTX0 TASK q.. CALL | a1 TOOL f.. KEYr CALL | a2 TOOL ERR CALL ... ANSWER | answer END
     retry   a failed tool (ERR) re-issues the same model call:   S CTX0 TASK q.. CALL | a1'
-    compress before a call that would pass context_budget:     S CTXj SUMMARY [KEYr] q.. CALL | ...
-    subagent instead of a tool, a new context on the request:  S CTXk SUB a.. CALL | b1 TOOL KEYr f.. CALL | b2
-             its result returns to the parent as tool output:  ... CALL | a2 RESULT [KEYr] b2.. CALL | a3
+    compress before a call that would pass context_budget:     S CTXj SUMMARY q.. [KEYr] CALL | ...
+    subagent instead of a tool, a new context on the request:  S CTXk SUB a.. CALL | b1 TOOL f.. KEYr CALL | b2
+             its result returns to the parent as tool output:  ... CALL | a2 RESULT b2.. [KEYr] CALL | a3
 
 Rules (probabilities and sizes from ``AgentConfig``): each tool fails with ``tool_failure_prob`` and is then
 retried ``max_retries`` times (the kept attempt is the last); a main-agent tool call is delegated to a subagent
 with ``subagent_prob`` when the parent's context can take the result and the next call without compressing;
-tool times are lognormal. Every main-agent output is a *draft*; the answer is the final draft.
+tool times are lognormal. Whatever the harness writes ends with the key when it carries it (right before the
+next prompt marker). Every main-agent output is a *draft*; the answer is the final draft.
 
 Invariants
 - Control flow is a function of the run's seed and the lengths of the model outputs (compression), never of
@@ -124,10 +125,10 @@ class Episode:
         return ctx
 
     def _compress(self, ctx: _Context) -> None:
-        """Replace the history by ``S CTXj SUMMARY [KEYr] task`` and keep the pending marker (CALL/ANSWER)."""
+        """Replace the history by ``S CTXj SUMMARY task [KEYr]`` and keep the pending marker (CALL/ANSWER)."""
         marker = ctx.ids[-1]
         key = [Vocab.key(self.task.key)] if ctx.knows_key else []
-        fresh = self._open(ctx.agent, [tk.SUMMARY, *key, *ctx.task], ctx.task, "compression")
+        fresh = self._open(ctx.agent, [tk.SUMMARY, *ctx.task, *key], ctx.task, "compression")
         ctx.ids, ctx.kind = fresh.ids + [marker], "compression"
 
     def _generate(self, ctx: _Context, max_new: int, retry: bool = False):
@@ -173,7 +174,7 @@ class Episode:
         for _ in range(int(self.rng.integers(self.cfg.subagent_turns[0], self.cfg.subagent_turns[1] + 1))):
             yield from self._tool_turn(sub)
         key = [Vocab.key(self.task.key)] if sub.knows_key else []
-        parent.ids += [tk.RESULT, *key, *_body(sub.last)[: self.cfg.call_tokens]]
+        parent.ids += [tk.RESULT, *_body(sub.last)[: self.cfg.call_tokens], *key]
         parent.knows_key |= sub.knows_key
 
     def _tool(self, agent: str) -> Tool:
@@ -184,7 +185,7 @@ class Episode:
         if failed:
             return [tk.TOOL, tk.ERR]
         lo, hi = self.cfg.tool_output_tokens
-        return [tk.TOOL, Vocab.key(self.task.key), *self.vocab.content(self.rng, int(self.rng.integers(lo, hi + 1)))]
+        return [tk.TOOL, *self.vocab.content(self.rng, int(self.rng.integers(lo, hi + 1))), Vocab.key(self.task.key)]
 
     # -------------------------------------------------------------------------------------- outcomes
     def _graded(self, output: Sequence[int], n: int, status: RunStatus, t_end: float, detail: str) -> Outcome:

@@ -118,7 +118,21 @@ def test_retry_repeats_the_input_and_continuation_extends_the_previous_call():
                            for p in by_id.values() if p is not c)
 
 
-def test_compression_summarises_into_system_header_summary_key_and_task():
+def test_a_successful_tool_returns_filler_then_the_key_right_before_the_next_prompt():
+    cfg = dataclasses.replace(BRANCHY, tool_failure_prob=0.0, subagent_prob=0.0, context_budget=1000,
+                              tool_output_tokens=(2, 5))
+    for ep, calls, _ in play_groups(cfg, 3):
+        for prev, c in zip(calls, calls[1:]):
+            added = c.input_ids[len(prev.sequence):].tolist()
+            assert added[0] == tk.TOOL and added[-2:] == [Vocab.key(ep.task.key), c.input_ids[-1]]
+            assert 2 <= len(added) - 3 <= 5 and all(t >= tk.CONTENT for t in added[1:-2])
+    failing = dataclasses.replace(cfg, tool_failure_prob=1.0, max_retries=0)
+    for ep, calls, _ in play_groups(failing, 2):
+        for prev, c in zip(calls, calls[1:]):
+            assert c.input_ids[len(prev.sequence):].tolist() == [tk.TOOL, tk.ERR, c.input_ids[-1]]  # no key
+
+
+def test_compression_summarises_into_system_header_summary_task_and_key():
     cfg = dataclasses.replace(BRANCHY, tool_failure_prob=0.0, subagent_prob=0.0, context_budget=40, turns=(5, 5))
     ep, calls, _ = play_groups(cfg, 1)[0]
     w = Workload(cfg, 256, 0)
@@ -127,7 +141,7 @@ def test_compression_summarises_into_system_header_summary_key_and_task():
     for c in comp:
         S = len(w.system)
         assert tuple(c.input_ids[:S]) == w.system and c.input_ids[S + 1] == tk.SUMMARY
-        assert list(c.input_ids[S + 2:]) == [Vocab.key(ep.task.key), *ep.task.tokens, c.input_ids[-1]]
+        assert list(c.input_ids[S + 2:]) == [*ep.task.tokens, Vocab.key(ep.task.key), c.input_ids[-1]]
 
 
 def test_subagent_works_on_the_request_and_hands_its_result_back():
@@ -139,7 +153,7 @@ def test_subagent_works_on_the_request_and_hands_its_result_back():
     S = len(Workload(cfg, 256, 0).system)
     assert sub.input_ids[S + 1] == tk.SUB and list(sub.input_ids[S + 2:-1]) == parent.output_ids.tolist()
     back = answer.input_ids[len(parent.sequence):]
-    assert back[0] == tk.RESULT and back[1] == Vocab.key(ep.task.key) and back[-1] == tk.ANSWER
+    assert back[0] == tk.RESULT and back[-2] == Vocab.key(ep.task.key) and back[-1] == tk.ANSWER
 
 
 def test_played_runs_build_a_valid_training_batch(tmp_path):
