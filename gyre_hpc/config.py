@@ -15,6 +15,7 @@ Supported field types: bool, int, float (an int is accepted), str, ``Literal[...
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -482,6 +483,9 @@ class GyreConfig:
 
 
 # ----------------------------------------------------------------------------------------------- loader
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
@@ -534,6 +538,8 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str) and _EXPONENT_FLOAT.match(value):
+            value = float(value)  # YAML 1.1 reads 1e-5 (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
         return float(value)

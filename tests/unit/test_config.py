@@ -71,3 +71,9 @@ def test_to_dict_round_trips():
     cfg = load_config(None, ["trajectory.j_max=2", "run.seed=7"])
     assert load_config(None, [f"{k}={v}" for k, v in [("trajectory.j_max", 2), ("run.seed", 7)]]) == cfg
     assert to_dict(cfg)["trajectory"]["j_max"] == 2
+
+
+def test_exponent_floats_without_dot_are_numbers():
+    assert load_config(None, ["train.lr=1e-5"]).train.lr == 1e-5
+    with pytest.raises(ConfigError, match=r"train\.lr: expected a number"):
+        load_config(None, ["train.lr=fast"])
