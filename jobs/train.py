@@ -1,32 +1,47 @@
-"""``gyre train``: reinforcement learning of the policy on the synthetic agent workload.
+"""``gyre train``: reinforcement learning of the policy on the synthetic agent workload, with elastic cells.
 
-Interim main job (until the elastic MPI runtime lands): the synchronous loop of ``gyre_hpc.agents.closed_loop``
-on one local engine — generate groups of branching agent runs, score them, pack them as prefix trees, train the
-megatron policy, hand the new weights to the engine — for ``allocator.steps`` optimizer steps of
-``scheduler.batch_groups`` queries each. The run directory gets the resolved config, TITO logs, per-step
-metrics (JSONL), the final weights and a reward-curve PNG.
+::
+
+    gyre train CONFIG            (not inside an MPI world or SLURM step)
+      └─ mpirun --oversubscribe -n 1+K  python -m gyre_hpc.cli train CONFIG --run-dir RUN_DIR ...
+           rank 0      allocator server + proxy + harness + data-plane hub   (gyre_hpc.runtime.root)
+           rank c + 1  the cell runner of cell c: engine ⇄ trainer              (gyre_hpc.cell.runner)
+      └─ prints the summary (summary.json of the run directory) as one JSON object with --json
+
+The config is loaded and checked before any process starts. Inside an allocation, launch the ranks yourself
+(``srun --mpi=pmix --ntasks=1+K gyre train CONFIG``): a rank of an MPI world runs its role directly.
+``--sync`` runs the earlier synchronous loop (one engine, no cells, ``gyre_hpc.agents.closed_loop``).
+The run directory layout and the summary keys are in docs/runtime.md.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import yaml
 
 from gyre_hpc.config import load_config, to_dict
+from gyre_hpc.errors import ConfigError, GyreError
 from gyre_hpc.io import atomic_write_json, atomic_write_text, make_run_dir
 
 DESCRIPTION = """\
-Run RL training on the embedded default (tiny CPU model, local engine, synthetic agent workload).
+Run RL training with elastic cells (rank 0 allocator + one rank per cell, launched with mpirun).
 
   gyre train configs/local.yaml
-  gyre train configs/local.yaml --set allocator.steps=4 --json
+  gyre train configs/local.yaml --set allocator.steps=4 --set scheduler.policy=colocate --json
 
-The run directory (run.out_dir/run.name-TIMESTAMP) holds config.yaml, tito/, metrics.jsonl, summary.json,
-weights/ and reward.png. --json prints the summary as one JSON object at the end.
+The run directory (run.out_dir/run.name-TIMESTAMP) holds config.yaml, events.jsonl, proxy-events.jsonl,
+tito/, metrics.jsonl, weights/, checkpoints/, cells/, summary.json and roles.png, reward.png,
+query_durations.png. --json prints the summary as one JSON object at the end.
 """
+
+MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,10 +49,91 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (repeatable), e.g. --set allocator.steps=4")
     p.add_argument("--json", action="store_true", help="print the final summary as one JSON object")
+    p.add_argument("--sync", action="store_true", help="the synchronous single-engine loop (no cells, no MPI)")
+    p.add_argument("--run-dir", help=argparse.SUPPRESS)  # set by the launcher for the ranks
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)  # fails here, before any process starts
+    if args.sync:
+        return _sync(cfg, args)
+    if any(k in os.environ for k in MPI_ENV):
+        return _rank(cfg, args)
+    from gyre_hpc.allocator.policies import validate
+
+    validate(cfg.scheduler.policy, cfg.scheduler, cfg.cluster.cells)
+    run_dir = make_run_dir(cfg.run.out_dir, cfg.run.name)
+    atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    code = launch(args, cfg.cluster.cells, run_dir)
+    summary_path = run_dir / "summary.json"
+    if not summary_path.is_file():
+        raise GyreError(f"the live run ended (mpirun exit {code}) without a summary; see {run_dir} "
+                        f"(events.jsonl, cells/, proxy.log)")
+    summary = json.loads(summary_path.read_text())
+    _print(summary, args.json)
+    return 0 if code == 0 else code
+
+
+def launch(args: argparse.Namespace, cells: int, run_dir: Path) -> int:
+    """mpirun this job with 1 + cells ranks and wait for it."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise ConfigError("cluster.cells: a live run needs mpirun (apt-get install openmpi-bin) and mpi4py")
+    root = str(Path(__file__).resolve().parents[1])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,tcp",
+               OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
+               PYTHONPATH=os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p))
+    cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-n", str(1 + cells), sys.executable, "-m",
+           "gyre_hpc.cli", "train", str(Path(args.config).resolve()), "--run-dir", str(run_dir.resolve())]
+    cmd += [a for o in args.overrides for a in ("--set", o)]
+    with open(run_dir / "mpirun.log", "ab") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=sys.stderr, stdin=subprocess.DEVNULL)
+        try:
+            return proc.wait()
+        except BaseException:
+            proc.terminate()
+            proc.wait(30)
+            raise
+
+
+def _rank(cfg, args: argparse.Namespace) -> int:
+    """One rank of the live run: rank 0 drives, the others run their cell."""
+    from gyre_hpc.allocator.mpi_transport import MpiTransport
+    from gyre_hpc.cell.dataplane import open_data_comm
+
+    if not args.run_dir:
+        raise ConfigError("inside an MPI world, gyre train needs --run-dir (the launcher sets it)")
+    run_dir = Path(args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    transport = MpiTransport(1 + cfg.cluster.cells)
+    comm = open_data_comm()
+    if transport.rank == 0:
+        from gyre_hpc.runtime.root import run_root
+
+        run_root(cfg, run_dir, transport, comm)
+    else:
+        from gyre_hpc.cell.runner import CellRunner
+
+        proxy_url = comm.bcast(None, root=0)
+        CellRunner(cfg, run_dir, transport, comm, proxy_url).run()
+    return 0
+
+
+def _print(summary: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(summary))
+        return
+    rf, rl = summary.get("reward_first"), summary.get("reward_last")
+    print(f"{summary['policy']}: {summary['steps']} steps in {summary['wall_s']:.0f}s, "
+          f"switches r->t {summary.get('switches_r2t')} t->r {summary.get('switches_t2r')}, "
+          f"reward {rf if rf is None else round(rf, 3)} -> {rl if rl is None else round(rl, 3)}, "
+          f"staleness mean {summary.get('staleness_mean', 0):.2f} max {summary.get('staleness_max')}; "
+          f"run directory {summary['run_dir']}")
+
+
+def _sync(cfg, args: argparse.Namespace) -> int:
+    """The synchronous single-engine loop (the interim main job before the elastic runtime)."""
     from tqdm import tqdm
 
     from gyre_hpc.agents.closed_loop import run_closed_loop
@@ -68,9 +164,5 @@ def run(args: argparse.Namespace) -> int:
     }
     atomic_write_json(run_dir / "summary.json", summary)
     reward_curve(rewards, run_dir / "reward.png")
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        print(f"{summary['steps']} steps in {summary['wall_s']:.0f}s, reward {summary['reward_first']:.3f} -> "
-              f"{summary['reward_last']:.3f}; run directory {run_dir}")
+    _print({**summary, "switches_r2t": 0, "switches_t2r": 0}, args.json)
     return 0

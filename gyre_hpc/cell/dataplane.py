@@ -1,0 +1,88 @@
+"""The data plane of a live run (edge: mpi4py): training groups out of rank 0, gradients into the core.
+
+It runs on its own duplicate of ``MPI.COMM_WORLD`` (``open_data_comm``, a collective call every rank makes
+right after building its ``MpiTransport``), so nothing here can match a control message. Four tags::
+
+    cell  ──WANT(cell, have_version)─────────────▶ rank 0 (the hub)
+    cell  ◀─GROUP(version, group | None, desc)──── rank 0
+    satellite ──GRADS(version, gid, Z, grads, lag)▶ core cell's rank
+    core  ──STEPPED(version, step record)────────▶ rank 0
+
+The hub (``runtime.hub``) hands each optimizer step exactly ``batch_groups`` ready groups, in completion order,
+only to cells that the allocator's state has in TRAIN; the core steps once it holds the gradients of all of
+them (its own and the satellites'). Payloads are plain Python/numpy objects (pickled by mpi4py).
+
+Invariants (tests/integration/test_live_training.py)
+- A message on the data plane never uses the control communicator, and every payload names the policy
+  version it belongs to; a gradient of another version than the core's is refused (``ProtocolError``).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+WANT, GROUP, GRADS, STEPPED = 11, 12, 13, 14
+HUB = 0
+
+
+def open_data_comm() -> Any:
+    """A private duplicate of COMM_WORLD for the data plane (collective: every rank calls it once, in order)."""
+    comm = MPI.COMM_WORLD.Dup()
+    comm.Set_errhandler(MPI.ERRORS_RETURN)
+    return comm
+
+
+@dataclass
+class Group:
+    """A ready group as the trainers see it: the packed batch of its trained runs (None: nothing trains)."""
+
+    gid: int
+    batch: Any  # PackedBatch | None
+    trained_tokens: int
+    rewards: list = field(default_factory=list)  # scores of the group's runs that have one
+    runs: int = 0
+    t_ready: float = 0.0  # rank 0 wall clock when the group became ready
+    gen_versions: tuple = ()  # distinct versions that generated its tokens
+
+
+def poll(comm: Any, tag: int, source: int = MPI.ANY_SOURCE) -> tuple[int, Any] | None:
+    """One message with ``tag`` if one is waiting: (source rank, payload)."""
+    status = MPI.Status()
+    msg = comm.improbe(source=source, tag=tag, status=status)
+    if msg is None:
+        return None
+    return status.Get_source(), msg.recv()
+
+
+def wait(comm: Any, tag: int, source: int, timeout_s: float, idle=None) -> Any:
+    """The next payload with ``tag`` from ``source``; ``idle()`` runs between polls (heartbeats)."""
+    deadline = time.monotonic() + timeout_s
+    sleep = 1e-4
+    while time.monotonic() < deadline:
+        got = poll(comm, tag, source)
+        if got is not None:
+            return got[1]
+        if idle is not None:
+            idle()
+        time.sleep(sleep)
+        sleep = min(sleep * 2, 5e-3)
+    raise TimeoutError(f"no data-plane message (tag {tag}) from rank {source} within {timeout_s} s")
+
+
+def lag_stats(batch: Any, version: int) -> tuple[float, int, int]:
+    """(sum of lags, trained tokens, max lag) of ``batch`` trained at ``version``: lag = version - generating."""
+    if batch is None:
+        return 0.0, 0, 0
+    mask = batch.loss_mask > 0
+    lag = version - batch.version[mask]
+    if lag.size == 0:
+        return 0.0, 0, 0
+    return float(lag.sum()), int(lag.size), int(lag.max())
+
+
+def to_numpy(grads: dict) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy() for k, v in grads.items()}

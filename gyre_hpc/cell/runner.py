@@ -1,0 +1,211 @@
+"""The cell runner: what rank c + 1 does for cell c in a live run (edge: MPI, engines, torch, Mooncake).
+
+::
+
+    Hello ─▶ Welcome(role, core)
+    loop:  heartbeat · next order · [core: take satellites' gradients, step when the batch is complete]
+           ROLLOUT: keep the engine on the newest version        TRAIN: WANT a group ─▶ gradients
+    SwitchTo(TRAIN):   drain the cell in the proxy (its calls move) · remove · stop the engine ·
+                       satellite: pull the core's weights over Mooncake (checksums)   ─▶ SwitchDone(timing)
+    SwitchTo(ROLLOUT): (the group in hand is finished first) · core: report its groups ·
+                       start the engine on the newest weights · register with the proxy ─▶ SwitchDone(timing)
+    Shutdown:          stop the engine · write cells/cell<c>.json · Bye
+
+Slow work (drain, engine start/stop, weight pull) runs in a worker thread while the main thread keeps
+sending heartbeats; only the main thread touches MPI.
+
+Invariants (tests/integration/test_live_training.py)
+- Every ``SwitchDone`` carries the switch's timing breakdown (drain_s, engine_stop_s, weight_pull_s,
+  engine_start_s, register_s, total_s as they apply).
+- Only the core reports training progress; it reports a step only in TRAIN (or while leaving it), so the
+  allocator never sees progress from a rolling-out cell.
+- A group taken from the hub is finished (its gradients reach the core) before any switch is carried out.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+from pathlib import Path
+
+from gyre_hpc.allocator.cell_link import CellLink
+from gyre_hpc.allocator.messages import Shutdown, SwitchDone, SwitchTo, TrainProgress
+from gyre_hpc.allocator.types import Role
+from gyre_hpc.cell import dataplane as dp
+from gyre_hpc.cell.rollout import RolloutSide
+from gyre_hpc.cell.training import CoreTrainer, SatelliteTrainer
+from gyre_hpc.config import GyreConfig
+from gyre_hpc.io import atomic_write_json
+
+CORE = 0  # the allocator's core cell (AllocatorServer's default)
+
+
+class CellRunner:
+    def __init__(self, cfg: GyreConfig, run_dir: Path, transport, comm, proxy_url: str):
+        self.cfg, self.run_dir, self.comm = cfg, Path(run_dir), comm
+        self.cell = transport.rank - 1
+        self.link = CellLink(transport, self.cell, cfg.allocator.heartbeat_interval_s)
+        self.is_core = self.cell == CORE
+        self.rollout = RolloutSide(cfg, self.run_dir, self.cell, proxy_url)
+        self.trainer: CoreTrainer | SatelliteTrainer | None = None
+        self.role = Role.ROLLOUT
+        self.switches: list[dict] = []
+        self.work_s = 0.0
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        self.stash: list = []  # orders that came while a data-plane answer was awaited
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> dict:
+        if self.is_core:  # the only optimizer state; built before Hello (no heartbeat is due yet)
+            self.trainer = CoreTrainer(self.cfg, self.run_dir)
+        welcome = self.link.hello(self.cfg.allocator.hello_timeout_s)
+        self.role = welcome.role
+        if self.role is Role.ROLLOUT:
+            self._busy(self.rollout.start)
+        else:
+            self._become_trainer()
+        try:
+            while True:
+                self.link.beat()
+                order = self.stash.pop(0) if self.stash else self.link.next_order(
+                    0.0 if self.role is Role.TRAIN else 0.02)
+                if isinstance(order, Shutdown):
+                    break
+                if isinstance(order, SwitchTo):
+                    self._switch(order)
+                if self.is_core:
+                    self._core_poll()
+                if self.role is Role.TRAIN and not self.stash:
+                    self._train_once()
+                else:
+                    self.rollout.refresh()
+        finally:
+            if self.is_core:  # take what satellites still send, so none of them waits on the core
+                deadline = time.monotonic() + 1.0
+                while time.monotonic() < deadline:
+                    if dp.poll(self.comm, dp.GRADS) is None:
+                        time.sleep(0.01)
+            self.rollout.stop()
+            stats = self._stats()
+            if self.trainer is not None:
+                self.trainer.close()
+            self.pool.shutdown(wait=False)
+        self.link.bye()
+        return stats
+
+    def _busy(self, fn, *args):
+        """Run ``fn`` in the worker thread; heartbeats go on meanwhile."""
+        fut = self.pool.submit(fn, *args)
+        while True:
+            try:
+                return fut.result(timeout=0.05)
+            except concurrent.futures.TimeoutError:
+                self.link.beat()
+
+    # ------------------------------------------------------------------ switches
+    def _switch(self, order: SwitchTo) -> None:
+        t0 = time.perf_counter()
+        timing: dict = {}
+        if order.role is Role.TRAIN:
+            if self.rollout.running:
+                timing.update(self._busy(self.rollout.leave))
+            timing.update(self._become_trainer())
+        else:
+            if self.is_core:
+                self._report(0)
+            timing.update(self._busy(self.rollout.start))
+        self.role = order.role
+        timing["total_s"] = time.perf_counter() - t0
+        clean = {k: float(v) for k, v in timing.items() if k.endswith("_s")}
+        self.link.send(SwitchDone(cell=self.cell, role=order.role, order=order.order, timing=clean))
+        self.switches.append({"order": order.order, "to": order.role.value, **timing})
+
+    def _become_trainer(self) -> dict:
+        """Satellite: build the model once, then pull the core's newest weights; returns the timing."""
+        if self.is_core:
+            return {}
+        timing = {}
+        if self.trainer is None:
+            t0 = time.perf_counter()
+            self.trainer = self._busy(SatelliteTrainer, self.cfg, self.run_dir)
+            timing["trainer_init_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        pulled = self._busy(self.trainer.ensure)
+        timing["weight_pull_s"] = time.perf_counter() - t0
+        timing["pulled_version"] = -1 if pulled is None else pulled["version"]
+        return timing
+
+    # ------------------------------------------------------------------ training
+    def _train_once(self) -> None:
+        self.comm.send({"cell": self.cell}, dest=dp.HUB, tag=dp.WANT)
+        reply = self._await_group()
+        if reply is None:  # Shutdown came first: rank 0 no longer serves the data plane
+            return
+        group, version = reply["group"], reply["version"]
+        if group is None:
+            time.sleep(0.02)
+            return
+        t0 = time.perf_counter()
+        if not self.is_core:
+            self._busy(self.trainer.ensure, version)
+        z, grads, loss = self.trainer.grads(group)
+        seconds = time.perf_counter() - t0
+        lag = dp.lag_stats(group.batch, version)
+        if self.is_core:
+            self.work_s += seconds
+            self.trainer.add(version, z, grads, loss, lag)
+        else:
+            self._send_data({"version": version, "gid": group.gid, "z": z, "grads": grads, "loss": loss,
+                             "lag": lag, "seconds": seconds}, CORE + 1, dp.GRADS)
+
+    def _send_data(self, payload: dict, dest: int, tag: int) -> None:
+        """Send without blocking the heartbeats (a large message waits until the core receives it)."""
+        req = self.comm.isend(payload, dest=dest, tag=tag)
+        while not req.test()[0]:
+            self.link.beat()
+            if any(isinstance(o, Shutdown) for o in self.stash):
+                return  # the run is over; the core no longer receives
+            order = self.link.next_order(0.002)
+            if order is not None:
+                self.stash.append(order)
+
+    def _await_group(self) -> dict | None:
+        """The hub's answer; orders that arrive meanwhile are kept for the loop (None once Shutdown came)."""
+        while (got := dp.poll(self.comm, dp.GROUP, dp.HUB)) is None:
+            self.link.beat()
+            if any(isinstance(o, Shutdown) for o in self.stash):
+                return None
+            order = self.link.next_order(0.002)
+            if order is not None:
+                self.stash.append(order)
+        return got[1]
+
+    def _core_poll(self) -> None:
+        while (got := dp.poll(self.comm, dp.GRADS)) is not None:
+            g = got[1]
+            self.work_s += g["seconds"]
+            self.trainer.add(g["version"], g["z"], g["grads"], g["loss"], tuple(g["lag"]))
+        if self.role is not Role.TRAIN:
+            return
+        if self.trainer.groups >= self.cfg.scheduler.batch_groups:
+            rec = self.trainer.step()
+            self.comm.send(rec, dest=dp.HUB, tag=dp.STEPPED)
+            self._report(1, rec["staleness_mean"])
+        elif self.trainer.unreported:
+            self._report(0)
+
+    def _report(self, step: int, mean_lag: float = 0.0) -> None:
+        tr = self.trainer
+        if not step and not tr.unreported:
+            return
+        self.link.send(TrainProgress(cell=self.cell, version=tr.version, groups=tr.unreported,
+                                     work_s=self.work_s, mean_lag=max(0.0, mean_lag)))
+        tr.unreported, self.work_s = 0, 0.0
+
+    def _stats(self) -> dict:
+        pulls = getattr(self.trainer, "pulls", [])
+        stats = {"cell": self.cell, "core": self.is_core, "switches": self.switches, "pulls": pulls,
+                 "engine_starts": self.rollout.starts, "weight_updates": self.rollout.updates,
+                 "version": getattr(self.trainer, "version", None)}
+        atomic_write_json(self.run_dir / "cells" / f"cell{self.cell}.json", stats)
+        return stats

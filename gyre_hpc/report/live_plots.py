@@ -1,0 +1,84 @@
+"""Plots of a live run's run directory (matplotlib, Agg backend; an edge module).
+
+- ``role_timeline``: one row per cell, colored by role over time, from the allocator's event log (a switch
+  order starts the transition, its ``switch_done`` ends it), with optimizer steps as vertical lines; the
+  title carries the training-idle fraction (share of cell-time spent in TRAIN while no group was trained is
+  not observable here, so it reports the share of cell-time in TRAIN, in transitions and in rollout).
+- ``query_durations``: histogram of the seconds from a query's admission to all its runs ending.
+"""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from gyre_hpc.io import atomic_write_bytes  # noqa: E402
+
+COLORS = {"rollout": "#4c9be8", "train": "#e8804c", "draining": "#bbbbbb", "loading": "#888888",
+          "lost": "#000000"}
+
+
+def _save(fig, path: Path) -> Path:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def role_spans(events: Sequence[dict], cells: int) -> list[list[tuple[float, float, str]]]:
+    """Per cell, (start, end, role) spans from the allocator's event log."""
+    start = next((e for e in events if e["event"] == "start"), {"roles": ["rollout"] * cells, "t": 0.0})
+    end_t = max((e["t"] for e in events), default=0.0)
+    role = list(start["roles"])
+    since = [start["t"]] * cells
+    spans: list[list] = [[] for _ in range(cells)]
+
+    def move(c: int, t: float, new: str) -> None:
+        spans[c].append((since[c], t, role[c]))
+        role[c], since[c] = new, t
+
+    for e in events:
+        if e["event"] == "order" and e.get("order") == "switch":
+            move(e["cell"], e["t"], "draining" if e["target"] == "train" else "loading")
+        elif e["event"] == "switch_done":
+            move(e["cell"], e["t"], e["role"])
+        elif e["event"] == "lost":
+            move(e["cell"], e["t"], "lost")
+    for c in range(cells):
+        spans[c].append((since[c], end_t, role[c]))
+    return spans
+
+
+def role_timeline(events: Sequence[dict], cells: int, path: Path) -> Path:
+    spans = role_spans(events, cells)
+    total = {r: sum(b - a for cs in spans for a, b, x in cs if x == r) for r in COLORS}
+    all_t = sum(total.values()) or 1.0
+    fig, ax = plt.subplots(figsize=(8, 0.6 * cells + 1.5))
+    for c, cs in enumerate(spans):
+        for a, b, r in cs:
+            ax.barh(c, b - a, left=a, color=COLORS[r], edgecolor="none")
+    for e in events:
+        if e["event"] == "step":
+            ax.axvline(e["t"], color="k", lw=0.5, alpha=0.4)
+    ax.set_yticks(range(cells), [f"cell {c}" for c in range(cells)])
+    ax.set_xlabel("seconds since start (vertical lines: optimizer steps)")
+    ax.set_title(" · ".join(f"{r} {total[r] / all_t:.0%}" for r in ("rollout", "train", "draining", "loading")),
+                 fontsize=9)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[r]) for r in COLORS]
+    ax.legend(handles, list(COLORS), loc="upper right", fontsize=7, ncol=5)
+    return _save(fig, path)
+
+
+def query_durations(seconds: Sequence[float], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.hist(list(seconds), bins=max(5, min(30, len(seconds) // 2 or 1)), color=COLORS["rollout"])
+    ax.set_xlabel("query duration (admission to last run ended), s")
+    ax.set_ylabel("queries")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)

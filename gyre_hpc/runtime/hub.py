@@ -1,0 +1,81 @@
+"""Rank 0's side of the data plane: ready groups out to training cells, step records in (edge: mpi4py).
+
+The harness thread ``offer``s each group once all its runs ended and its batch is built; the allocator loop
+calls ``poll()`` in every pass (one thread touches MPI). A cell's WANT is answered with the next ready group
+when
+
+- the allocator's state has that cell in TRAIN (not in a transition, not LOST),
+- fewer than ``batch_groups`` groups went out for the current policy version (the core steps on exactly
+  that many), and
+- the policy streams, or a whole batch is ready (non-streaming policies train fixed batches of B groups);
+
+otherwise with ``None``. The core's STEPPED (after its optimizer step) opens the next version's batch.
+
+Invariants (tests/integration/test_live_training.py)
+- Each ready group goes out exactly once, in completion order, and each version gets exactly
+  ``batch_groups`` groups.
+- Per-token staleness = the version a group is trained at − the version that generated the token.
+"""
+from __future__ import annotations
+
+import queue
+from collections import deque
+from typing import Any, Callable
+
+from gyre_hpc.allocator.types import Role
+from gyre_hpc.cell import dataplane as dp
+
+
+class Hub:
+    def __init__(self, comm: Any, batch_groups: int, streaming: bool, role_of: Callable[[int], Role],
+                 on_step: Callable[[dict], None]):
+        self.comm, self.B, self.streaming = comm, batch_groups, streaming
+        self.role_of, self.on_step = role_of, on_step
+        self.incoming: queue.SimpleQueue[dp.Group] = queue.SimpleQueue()
+        self.ready: deque[dp.Group] = deque()
+        self.version = 0
+        self.handed: list[dp.Group] = []  # groups out for the current version
+        self.handed_to: dict[int, int] = {}
+
+    def offer(self, group: dp.Group) -> None:
+        """A group became ready (thread-safe; called from the harness thread)."""
+        self.incoming.put(group)
+
+    def poll(self) -> bool:
+        """Answer waiting requests and take step records; True if anything happened."""
+        busy = False
+        while True:
+            try:
+                self.ready.append(self.incoming.get_nowait())
+            except queue.Empty:
+                break
+        while (got := dp.poll(self.comm, dp.STEPPED)) is not None:
+            busy = True
+            self._stepped(got[1])
+        while (got := dp.poll(self.comm, dp.WANT)) is not None:
+            busy = True
+            rank, want = got
+            group = self._next(want["cell"])
+            self.comm.send({"version": self.version, "group": group}, dest=rank, tag=dp.GROUP)
+        return busy
+
+    def _next(self, cell: int) -> dp.Group | None:
+        if self.role_of(cell) is not Role.TRAIN or len(self.handed) >= self.B or not self.ready:
+            return None
+        if not self.streaming and not self.handed and len(self.ready) < self.B:
+            return None
+        group = self.ready.popleft()
+        self.handed.append(group)
+        self.handed_to[group.gid] = cell
+        return group
+
+    def _stepped(self, rec: dict) -> None:
+        groups = self.handed
+        rewards = [r for g in groups for r in g.rewards]
+        rec = {**rec, "step": rec["version"], "trained_version": self.version,
+               "reward": sum(rewards) / len(rewards) if rewards else None, "scored_runs": len(rewards),
+               "runs": sum(g.runs for g in groups), "gids": [g.gid for g in groups],
+               "cells": sorted({self.handed_to.pop(g.gid) for g in groups})}
+        self.version = rec["version"]
+        self.handed = []
+        self.on_step(rec)

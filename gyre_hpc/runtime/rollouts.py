@@ -1,0 +1,123 @@
+"""Rank 0's rollout driver (edge): the agent harness behind the proxy, in its own asyncio thread.
+
+::
+
+    allocator loop ── admit(n) ──▶ n new groups (queries) start; their runs call the proxy
+    group's runs all ended ──▶ proxy /admin/flush_tito → tito/q<gid>.jsonl ──▶ build_batch (tree, J_max,
+                               scoring) ──▶ hub.offer(group) and GroupsReady(1, work_s) to the allocator
+    every 0.25 s ──▶ RunsChanged(runs per cell from the proxy's in-flight counts, runs ended)
+
+Invariants (tests/integration/test_live_training.py)
+- Groups become ready in completion order; each is offered to the hub exactly once, after its TITO file is
+  complete (every run's calls and its outcome).
+- Every started run ends with an outcome (the harness's guarantee); ``stop()`` cancels the runs still going
+  (they end ``aborted``) and counts them apart from the finished ones.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from gyre_hpc.agents.harness import Harness
+from gyre_hpc.allocator.messages import GroupsReady, RunsChanged
+from gyre_hpc.cell import dataplane as dp
+from gyre_hpc.config import GyreConfig
+from gyre_hpc.errors import GyreError
+from gyre_hpc.trajectory.records import TitoLog, read_tito
+
+WORK_S_PER_TOKEN = 2e-4  # rough CPU training cost per packed token, for the policies' backlog estimate
+
+
+class Rollouts:
+    def __init__(self, cfg: GyreConfig, run_dir: Path, proxy_url: str, offer: Callable[[dp.Group], None]):
+        self.cfg, self.run_dir, self.proxy_url, self.offer = cfg, Path(run_dir), proxy_url, offer
+        self.post: Callable = lambda msg: None
+        self.harness = Harness(cfg.agent, proxy_url, self.run_dir / "tito" / "runs", vocab_size=cfg.model.vocab_size,
+                               seed=cfg.run.seed, proxy=True, context_len=cfg.engine.context_len,
+                               request_timeout_s=cfg.engine.request_timeout_s)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="gyre-harness", daemon=True)
+        self.thread.start()
+        self.next_gid = 0
+        self.started_runs = self.ended_runs = 0
+        self.futures: list = []
+        self.groups: list[dict] = []  # per ready group: gid, runs, rewards, statuses, seconds
+        self.errors: list[str] = []
+        self.monitor = asyncio.run_coroutine_threadsafe(self._monitor(), self.loop)
+
+    def admit(self, n: int) -> int:
+        """Start ``n`` new groups (called from the allocator loop); returns how many started."""
+        for _ in range(n):
+            gid, self.next_gid = self.next_gid, self.next_gid + 1
+            self.started_runs += self.cfg.agent.runs_per_group
+            self.futures.append(asyncio.run_coroutine_threadsafe(self._group(gid), self.loop))
+        return n
+
+    async def _group(self, gid: int) -> None:
+        t0 = time.time()
+        results = await self.harness.run_async([gid])
+        self.ended_runs += len(results)
+        try:
+            group = await asyncio.to_thread(self._build, gid, results)
+        except GyreError as exc:  # a group that cannot be packed trains nothing; the run goes on
+            self.errors.append(f"group {gid}: {exc}")
+            group = dp.Group(gid, None, 0, runs=len(results))
+        group.t_ready = time.time()
+        group.rewards = [r.outcome.score for r in results if r.outcome.score is not None]
+        group.runs = len(results)
+        self.groups.append({"gid": gid, "runs": len(results), "seconds": group.t_ready - t0,
+                            "rewards": group.rewards, "versions": list(group.gen_versions),
+                            "statuses": [r.outcome.status.value for r in results]})
+        self.offer(group)
+        self.post(GroupsReady(groups=1, work_s=WORK_S_PER_TOKEN * (group.batch.tokens if group.batch else 0)))
+
+    def _build(self, gid: int, results) -> dp.Group:
+        from gyre_hpc.proxy.client import ProxyClient
+        from gyre_hpc.trajectory.pipeline import build_batch
+
+        path = self.run_dir / "tito" / f"q{gid:05d}.jsonl"
+        with ProxyClient(self.proxy_url, timeout=60.0) as proxy:
+            proxy.flush_tito(str(path), [r.run_id for r in results])
+        calls = read_tito(path, self.cfg.model.vocab_size).calls
+        log = TitoLog(calls, tuple(r.outcome for r in results), str(path))
+        versions = tuple(sorted({int(v) for c in calls for v in c.output_versions}))
+        batch, report = build_batch(log, self.cfg.trajectory)
+        if report.trained_tokens == 0:
+            return dp.Group(gid, None, 0, gen_versions=versions)
+        return dp.Group(gid, batch, report.trained_tokens, gen_versions=versions)
+
+    async def _monitor(self) -> None:
+        from gyre_hpc.proxy.client import ProxyClient
+
+        cells = self.cfg.cluster.cells
+        with ProxyClient(self.proxy_url, timeout=10.0) as proxy:
+            while True:
+                await asyncio.sleep(0.25)
+                try:
+                    engines = await asyncio.to_thread(proxy.engines)
+                except GyreError:
+                    continue
+                runs = [0] * cells
+                for e in engines:
+                    if 0 <= e["cell"] < cells:
+                        runs[e["cell"]] += e["in_flight"]
+                ended, unfinished = self.ended_runs, self.started_runs - self.ended_runs
+                while sum(runs) > unfinished:  # subagents: a run may have two calls in flight
+                    runs[runs.index(max(runs))] -= 1
+                self.post(RunsChanged(runs=tuple(runs), ended=ended))
+
+    def stop(self) -> int:
+        """Cancel the runs still going (they end aborted); returns how many groups were cut."""
+        self.monitor.cancel()
+        cut = [f for f in self.futures if not f.done()]
+        for f in cut:
+            f.cancel()
+        deadline = time.time() + 30
+        while any(not f.done() for f in self.futures) and time.time() < deadline:
+            time.sleep(0.05)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        return len(cut)

@@ -1,0 +1,157 @@
+"""Rank 0 of a live run (edge): the allocator server, the proxy, the harness and the data-plane hub.
+
+::
+
+    start the proxy (subprocess, its event log in the run dir) ─▶ broadcast its URL to the cells
+    LiveServer.run():   each pass = AllocatorServer.step (messages → SchedState → the policy's orders)
+                                    + Hub.poll (groups out to training cells, step records in)
+                        Admit orders start groups in the harness (Rollouts); ready groups → hub + GroupsReady
+    before the orderly shutdown: cut the runs still going, read the proxy's stats
+    after it: stop the proxy, read the cells' stats, write summary.json and the report PNGs
+
+Invariants (tests/integration/test_live_training.py)
+- Every decision comes from the same policy object the simulator drives (``make_policy``).
+- Every optimizer step is in the event log (``train_step``: version, groups, staleness, reward) and in
+  ``metrics.jsonl``; the summary is computed from those records and the cells' stats, never estimated.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from gyre_hpc.allocator.eventlog import EventLog
+from gyre_hpc.allocator.policies import make_policy
+from gyre_hpc.allocator.server import AllocatorServer
+from gyre_hpc.allocator.types import Role
+from gyre_hpc.config import GyreConfig
+from gyre_hpc.io import atomic_write_json
+from gyre_hpc.runtime.hub import Hub
+from gyre_hpc.runtime.rollouts import Rollouts
+
+PROGRESS_EVERY_S = 5.0
+
+
+class LiveServer(AllocatorServer):
+    """The allocator loop plus the hub's data plane in the same thread (the only thread that touches MPI)."""
+
+    def __init__(self, *args, hub: Hub, before_shutdown=lambda: None, progress=lambda: None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.hub, self.before_shutdown, self.progress = hub, before_shutdown, progress
+        self.last_progress = 0.0
+
+    def step(self) -> bool:
+        changed = super().step()
+        if self.clock.now() - self.last_progress > PROGRESS_EVERY_S:
+            self.last_progress = self.clock.now()
+            self.progress()
+        return self.hub.poll() or changed
+
+    def shutdown(self, reason: str) -> dict:
+        self.before_shutdown()
+        return super().shutdown(reason)
+
+
+def run_root(cfg: GyreConfig, run_dir: Path, transport, comm) -> dict:
+    """Drive the live run from rank 0; returns the summary (also written to summary.json)."""
+    from gyre_hpc.engines.launch import free_port
+    from gyre_hpc.proxy.client import ProxyClient
+    from gyre_hpc.proxy.launch import start_proxy
+    import dataclasses
+
+    t0 = time.perf_counter()
+    pcfg = dataclasses.replace(cfg.proxy, event_log=str(run_dir / "proxy-events.jsonl"))
+    proxy = start_proxy(pcfg, port=free_port(cfg.proxy.host), log_path=run_dir / "proxy.log", config_dir=run_dir)
+    comm.bcast(proxy.url, root=0)
+    steps: list[dict] = []
+    end: dict = {}
+    try:
+        policy = make_policy(cfg.scheduler.policy, cfg.scheduler, cfg.cluster.cells)
+        log = EventLog(run_dir / cfg.allocator.events_file, transport.clock)
+        server: LiveServer | None = None
+
+        def on_step(rec: dict) -> None:
+            steps.append(rec)
+            server.log.write({"event": "train_step", **rec})
+            with open(run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            progress()
+
+        def progress() -> None:
+            st = server.state
+            roles = {r.value: sum(c.role is r for c in st.cells) for r in Role}
+            last = steps[-1] if steps else {}
+            reward = last.get("reward")
+            print(f"[gyre {cfg.scheduler.policy}] step {st.steps_done}/{cfg.allocator.steps} "
+                  f"cells rollout={roles['rollout']} train={roles['train']} "
+                  f"switching={roles['draining'] + roles['loading']} lost={roles['lost']} | "
+                  f"ready {st.ready_groups} inflight {st.inflight_groups} | "
+                  f"staleness {last.get('staleness_mean', 0.0):.2f} (max {last.get('staleness_max', 0)}) | "
+                  f"reward {'-' if reward is None else f'{reward:.3f}'} | {time.perf_counter() - t0:.0f}s",
+                  file=sys.stderr, flush=True)
+
+        hub = Hub(comm, cfg.scheduler.batch_groups, policy.streaming, lambda c: server.state.cells[c].role, on_step)
+        rollouts = Rollouts(cfg, run_dir, proxy.url, hub.offer)
+
+        def before_shutdown() -> None:
+            end["groups_cut"] = rollouts.stop()
+            with ProxyClient(proxy.url, timeout=30.0) as pc:
+                end["proxy"] = pc.stats()
+
+        server = LiveServer(policy, cfg.allocator, transport, log, admit=rollouts.admit,
+                            runs_per_query=cfg.agent.runs_per_group, hub=hub, before_shutdown=before_shutdown,
+                            progress=progress)
+        rollouts.post = server.post
+        stop = server.run()
+    finally:
+        proxy.stop()
+    summary = _summary(cfg, run_dir, stop, steps, rollouts, end, time.perf_counter() - t0)
+    atomic_write_json(run_dir / "summary.json", summary)
+    _report(run_dir, cfg, steps, rollouts)
+    return summary
+
+
+def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollouts, end: dict, wall: float) -> dict:
+    cells = [json.loads(p.read_text()) for p in sorted((run_dir / "cells").glob("cell*.json"))]
+    switches = [s for c in cells for s in c["switches"]]
+    pulls = [p for c in cells for p in c["pulls"]]
+    rewards = [s["reward"] for s in steps if s.get("reward") is not None]
+    lag_tokens = sum(s["lag_tokens"] for s in steps)
+    proxy = end.get("proxy", {})
+    statuses = [s for g in rollouts.groups for s in g["statuses"]]
+    return {
+        "policy": cfg.scheduler.policy, "steps": len(steps), "wall_s": round(wall, 2),
+        "switches_r2t": sum(s["to"] == "train" for s in switches),
+        "switches_t2r": sum(s["to"] == "rollout" for s in switches),
+        "weight_pulls": len(pulls),
+        "weight_pull_checksum_ok": bool(pulls) and all(p["checksum_ok"] for p in pulls),
+        "runs_finished": rollouts.ended_runs, "runs_scored": sum(len(g["rewards"]) for g in rollouts.groups),
+        "run_statuses": {k: statuses.count(k) for k in sorted(set(statuses))},
+        "runs_lost": proxy.get("runs_lost"), "runs_moved": proxy.get("runs_moved"),
+        "calls_moved": proxy.get("moves"), "groups_cut_at_stop": end.get("groups_cut", 0),
+        "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
+        "staleness_mean": (sum(s["staleness_mean"] * s["lag_tokens"] for s in steps) / lag_tokens
+                           if lag_tokens else 0.0),
+        "staleness_max": max((s["staleness_max"] for s in steps), default=0),
+        "switch_s": {d: _median([s[f"{d}_s"] for s in switches if f"{d}_s" in s])
+                     for d in ("total", "drain", "engine_stop", "weight_pull", "engine_start")},
+        "build_errors": rollouts.errors, "stop": stop, "run_dir": str(run_dir),
+    }
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else None
+
+
+def _report(run_dir: Path, cfg: GyreConfig, steps: list[dict], rollouts: Rollouts) -> None:
+    from gyre_hpc.allocator.eventlog import read_events
+    from gyre_hpc.report.live_plots import query_durations, role_timeline
+    from gyre_hpc.report.train_plots import reward_curve
+
+    rewards = [s["reward"] for s in steps if s.get("reward") is not None]
+    if rewards:
+        reward_curve(rewards, run_dir / "reward.png")
+    role_timeline(read_events(run_dir / cfg.allocator.events_file), cfg.cluster.cells, run_dir / "roles.png")
+    query_durations([g["seconds"] for g in rollouts.groups], run_dir / "query_durations.png")
