@@ -100,6 +100,15 @@ def _check_type(kind: str, name: str, tp: type, v: Any) -> None:
         raise ProtocolError(f"{kind}.{name}: expected {tp.__name__}, got {v!r}")
 
 
+def _check_counts(msg: _Message, name: str) -> None:
+    """Every item of the tuple field ``name`` is an int >= 0."""
+    kind = type(msg).__name__
+    for i, n in enumerate(getattr(msg, name)):
+        _check_type(kind, f"{name}[{i}]", int, n)
+        if n < 0:
+            raise ProtocolError(f"{kind}.{name}[{i}]: must be >= 0, got {n}")
+
+
 def _nonneg(msg: _Message, *names: str) -> None:
     for name in names:
         if getattr(msg, name) < 0:
@@ -152,10 +161,7 @@ class RunsChanged(_Message):
 
     def _check(self) -> None:
         object.__setattr__(self, "runs", tuple(self.runs))
-        for c, n in enumerate(self.runs):
-            _check_type("RunsChanged", f"runs[{c}]", int, n)
-            if n < 0:
-                raise ProtocolError(f"RunsChanged.runs[{c}]: must be >= 0, got {n}")
+        _check_counts(self, "runs")
 
 
 @dataclass(frozen=True)
@@ -228,7 +234,15 @@ class SwitchTo(_Message):
 
 @dataclass(frozen=True)
 class Shutdown(_Message):
+    """Stop now. ``lost`` names the cells that were lost: with a dead peer an MPI rank must not finalize
+    (``mpi_transport.exit_process``)."""
+
     reason: str = ""
+    lost: tuple = ()
+
+    def _check(self) -> None:
+        object.__setattr__(self, "lost", tuple(self.lost))
+        _check_counts(self, "lost")
 
 
 Event = Hello | Heartbeat | SwitchDone | RunsChanged | GroupsReady | TrainProgress | CellFailed | Bye

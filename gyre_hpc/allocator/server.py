@@ -190,8 +190,8 @@ class AllocatorServer:
             raise SchedulingError("the allocator was already shut down")
         now = self.clock.now()
         self.log.write({"event": "shutdown", "reason": reason})
-        waiting = {c for c, cs in enumerate(self.state.cells)
-                   if cs.role is not Role.LOST and self._send(c, Shutdown(reason=reason), now)}
+        live = [c for c, cs in enumerate(self.state.cells) if cs.role is not Role.LOST]
+        waiting = {c for c in live if self._send(c, Shutdown(reason=reason, lost=tuple(self.ex.lost)), now)}
         deadline = now + self.cfg.shutdown_timeout_s
         backoff = Backoff(self.clock, self.cfg.poll_backoff_min_s, self.cfg.poll_backoff_max_s)
         while waiting and self.clock.now() < deadline:

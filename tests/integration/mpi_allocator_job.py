@@ -18,7 +18,7 @@ import time
 from gyre_hpc.allocator.cell_link import CellLink
 from gyre_hpc.allocator.eventlog import EventLog
 from gyre_hpc.allocator.messages import GroupsReady, RunsChanged, Shutdown, SwitchDone, SwitchTo, TrainProgress
-from gyre_hpc.allocator.mpi_transport import MpiTransport
+from gyre_hpc.allocator.mpi_transport import MpiTransport, exit_process
 from gyre_hpc.allocator.policies import make_policy
 from gyre_hpc.allocator.server import AllocatorServer
 from gyre_hpc.allocator.types import Role
@@ -68,7 +68,8 @@ def cell(args, transport, sched: SchedulerConfig, cfg: AllocatorConfig) -> dict:
             orders.append(type(order).__name__)
         if isinstance(order, Shutdown):
             link.bye()
-            return {"cell": link.cell, "orders": orders, "heartbeats": link.seq, "version": version}
+            return {"cell": link.cell, "orders": orders, "heartbeats": link.seq, "version": version,
+                    "lost": list(order.lost)}
         if isinstance(order, SwitchTo):
             t0 = time.monotonic()
             time.sleep(args.switch_s)
@@ -94,6 +95,7 @@ def main() -> None:
                           hello_timeout_s=60.0, shutdown_timeout_s=10.0)
     out = (allocator if transport.rank == 0 else cell)(args, transport, sched, cfg)
     print(json.dumps({"rank": transport.rank, "size": transport.size, **out}), flush=True)
+    exit_process(0, peers_lost=bool(out["summary"]["lost"] if "summary" in out else out["lost"]))
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ def test_allocator_and_three_cells_exchange_real_messages_and_shut_down_in_order
     core = got[1]
     assert core["orders"] == ["Welcome"] + ["SwitchTo"] * 5 + ["Shutdown"] and core["version"] == 3
     assert got[2]["orders"] == got[3]["orders"] == ["Welcome", "Shutdown"]
-    assert all(got[r]["heartbeats"] >= 1 for r in (1, 2, 3))
+    assert all(got[r]["heartbeats"] >= 1 and got[r]["lost"] == [] for r in (1, 2, 3))
 
     log = read_events(events)
     kinds = [r["event"] for r in log]
@@ -72,6 +72,7 @@ def test_a_cell_rank_that_dies_is_lost_and_the_job_still_ends_cleanly(mpirun, tm
     assert out.returncode == 0, out.stderr[-3000:]
     got = outputs(out)
     assert sorted(got) == [0, 1, 2]  # rank 3 (cell 2) was killed
+    assert got[1]["lost"] == got[2]["lost"] == [2]  # so no survivor calls MPI_Finalize (exit_process)
     assert got[0]["summary"] == {"reason": "8 optimizer steps done", "steps_done": 8, "version": 8, "lost": [2],
                                  "no_bye": []}
     log = read_events(events)

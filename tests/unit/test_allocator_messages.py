@@ -26,6 +26,7 @@ ORDER_EXAMPLES = [
     Welcome(cell=2, role=Role.ROLLOUT, core=0, streaming=False, mu=None),
     SwitchTo(cell=0, role=Role.ROLLOUT, order=9),
     Shutdown(reason="10 optimizer steps done"),
+    Shutdown(reason="core cell 0 lost", lost=(0, 2)),
 ]
 
 
@@ -87,6 +88,12 @@ def test_an_order_where_an_event_is_expected_is_rejected_by_direction():
 def test_malformed_events_name_the_type_and_field(data, match):
     with pytest.raises(ProtocolError, match=match):
         decode(data, EVENTS)
+
+
+def test_a_shutdown_names_lost_cells_as_counts():
+    with pytest.raises(ProtocolError, match=r"Shutdown\.lost\[1\]: expected int, got 'x'"):
+        decode({"type": "Shutdown", "lost": [1, "x"]}, ORDERS)
+    assert Shutdown(lost=[3]).lost == (3,)
 
 
 def test_invalid_messages_cannot_be_constructed_either():

@@ -102,6 +102,8 @@ def test_a_silent_cell_becomes_lost_and_is_never_given_an_order(tmp_path):
     while (m := w.net.endpoint(3).poll()) is not None:
         unread.append(m[1])
     assert all(isinstance(m, Welcome) for m in unread)  # no SwitchTo, no Shutdown ever reached it
+    assert w.orders_of(0, Shutdown) == w.orders_of(1, Shutdown) == [Shutdown(reason="2 optimizer steps done",
+                                                                             lost=(2,))]
     assert summary == {"reason": "2 optimizer steps done", "steps_done": 2, "version": 2, "lost": [2], "no_bye": []}
 
 
