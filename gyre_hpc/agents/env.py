@@ -2,7 +2,7 @@
 
 ``Episode.actions()`` is a generator: it yields ``Generate`` (send back the model's output ids) and ``Tool``
 (sleep ``seconds``, send back None). A driver runs it: the async harness with real time and an engine, or
-``simulate.play`` with virtual time. ``S`` is the system prompt, ``CTXi`` the header of context ``i``::
+``workload.play`` with virtual time. ``S`` is the system prompt, ``CTXi`` the header of context ``i``::
 
     main    S CTX0 TASK q.. CALL | a1 TOOL f.. KEYr CALL | a2 TOOL ERR CALL ... ANSWER | answer END
     retry   a failed tool (ERR) re-issues the same model call:   S CTX0 TASK q.. CALL | a1'
