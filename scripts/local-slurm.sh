@@ -32,11 +32,11 @@ PACKAGES=(slurmctld slurmd slurm-client munge libpmix2 openmpi-bin)
 CONF="$DIR/etc/slurm.conf"
 CONF_LINK=/etc/slurm/slurm.conf
 SACCT_LINK=/usr/local/bin/sacct
-T0=$(date +%s.%N)
+T0=$(date +%s%N)
 
 say() { printf 'local-slurm: %s\n' "$*"; }
 die() { printf 'local-slurm: error: %s\n' "$*" >&2; exit 1; }
-elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$T0" "$(date +%s.%N)"; }
+elapsed() { local ms=$((($(date +%s%N) - T0) / 1000000)); printf '%d.%d' $((ms / 1000)) $((ms % 1000 / 100)); }
 node_names() { local i; for ((i = 1; i <= NODES; i++)); do printf 'n%d\n' "$i"; done; }
 alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 slurmd_pid_files() { node_names | sed "s|^|$DIR/run/slurmd-|; s|$|.pid|"; }
@@ -117,8 +117,14 @@ CgroupPlugin=cgroup/v1
 CgroupMountpoint=$DIR/cgroup
 CgroupAutomount=no
 EOF
-    # Open MPI's shared-memory transport segfaults across emulated nodes of one machine.
-    printf '#!/bin/sh\necho export OMPI_MCA_btl=self,tcp\n' >"$DIR/etc/task-prolog.sh"
+    # Open MPI's shared-memory transport segfaults across emulated nodes of one machine; its TCP stays on
+    # loopback (the machine's other interfaces are not ours to use).
+    cat >"$DIR/etc/task-prolog.sh" <<'EOF'
+#!/bin/sh
+echo export OMPI_MCA_btl=self,tcp
+echo export OMPI_MCA_btl_tcp_if_include=lo
+echo export OMPI_MCA_oob_tcp_if_include=lo
+EOF
     chmod +x "$DIR/etc/task-prolog.sh"
     ln -s "$HERE/sacct-standin" "$DIR/bin/sacct"
 }
@@ -220,6 +226,7 @@ cmd_stop() {
 }
 
 cmd_start() {
+    [[ $(id -u) -eq 0 ]] || die "start needs root: munged runs as the munge user, the SLURM daemons as root"
     install_packages
     if running; then
         make_links

@@ -161,7 +161,8 @@ class SlurmEnv:
 def in_slurm(environ: Mapping[str, str] | None = None) -> bool:
     """True when this process runs inside a SLURM job (``SLURM_JOB_ID`` is set)."""
     environ = os.environ if environ is None else environ
-    return any(name in environ for name in VARIABLES[0].names)
+    (job_id,) = [v for v in VARIABLES if v.field == "job_id"]
+    return any(environ.get(name, "").strip() for name in job_id.names)
 
 
 def from_environ(environ: Mapping[str, str] | None = None) -> SlurmEnv:

@@ -14,10 +14,12 @@ cells' own steps (measured on the local cluster: cell steps started while the co
 One control world::
 
     srun --ntasks=1+K --distribution=arbitrary --nodelist=n1,n1,n3,... --overlap --overcommit --mpi=pmix
-    (Layout.control_srun_args())
+         --kill-on-bad-exit=1                                                   (Layout.control_srun_args())
 
 and each cell's workers as its own concurrent step: ``srun --nodelist=n3,n4 --nodes=2 --ntasks=2
---ntasks-per-node=1 --exact`` (``cell_srun_args``).
+--ntasks-per-node=1 --exact --kill-on-bad-exit=1`` (``cell_srun_args``). ``--kill-on-bad-exit=1`` (whatever the
+site's default): a task that dies ends its step at once instead of leaving its peers blocked in MPI, so the control
+world fails fast (the job can be requeued) and a cell's step ends where the cell's leader sees it (a lost cell).
 Outside SLURM (``mpirun -n 1+K`` on one machine) the cells get virtual node names from ``local_nodes``.
 
 Invariants (a violation is a ``LayoutError`` naming the key that does not fit and how to fix it)
@@ -92,7 +94,8 @@ class Layout:
     def control_srun_args(self) -> list[str]:
         """srun flags that start the control world with every rank on its layout node."""
         return [f"--ntasks={self.world_size}", "--distribution=arbitrary",
-                f"--nodelist={','.join(self.rank_nodes)}", "--overlap", "--overcommit", "--mpi=pmix"]
+                f"--nodelist={','.join(self.rank_nodes)}", "--overlap", "--overcommit", "--mpi=pmix",
+                "--kill-on-bad-exit=1"]
 
     @staticmethod
     def cell_srun_args(cell: Cell, tasks_per_node: int = 1) -> list[str]:
@@ -100,7 +103,7 @@ class Layout:
         counts: inside a batch script srun would otherwise inherit the job's ``SLURM_NTASKS``)."""
         n = len(cell.nodes)
         return [f"--nodelist={cell.nodelist}", f"--nodes={n}", f"--ntasks={n * tasks_per_node}",
-                f"--ntasks-per-node={tasks_per_node}", "--exact"]
+                f"--ntasks-per-node={tasks_per_node}", "--exact", "--kill-on-bad-exit=1"]
 
     def placement_from_env(self, env: SlurmEnv) -> Placement:
         """This rank's placement, after checking that it was launched as ``control_srun_args`` says."""

@@ -5,17 +5,20 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from gyre_hpc.config import ClusterConfig
+from gyre_hpc.slurm.env import expand_hostlist
 from gyre_hpc.slurm.layout import plan
 from slurm_cluster import ROOT, local_slurm, mpirun, sbatch, script  # noqa: F401  (fixtures)
 
@@ -23,10 +26,13 @@ PY = sys.executable
 MPI_PROG = """
 import json, os
 from mpi4py import MPI
+print("mpi-init-done", flush=True)
 w = MPI.COMM_WORLD
 total = w.allreduce(w.Get_rank())
-print(json.dumps({"rank": w.Get_rank(), "size": w.Get_size(), "node": os.environ.get("SLURMD_NODENAME"),
-                  "sum": total}), flush=True)
+mine = {"rank": w.Get_rank(), "size": w.Get_size(), "node": os.environ.get("SLURMD_NODENAME"), "sum": total}
+everyone = w.gather(mine)  # one line from rank 0: mpirun may merge lines printed by several ranks
+if w.Get_rank() == 0:
+    print(json.dumps(everyone), flush=True)
 """
 ENV_PROG = """
 import json, os
@@ -37,9 +43,28 @@ print(json.dumps({"rank": e.proc_id, "node": e.node_name, "nodes": e.nodes, "job
 """
 
 
+#: Debian's Open MPI 4.1.4 started by ``srun --mpi=pmix`` across emulated nodes segfaults inside MPI_Init in about
+#: 5 % of 4-rank starts (a NULL active-message callback called from mca_btl_tcp; docs/slurm-local.md); mpirun on
+#: one host did not (0 of 80). Not our code: such a start is retried, at most twice, and only when a rank died
+#: with this signature before every rank had printed "mpi-init-done".
+OMPI_INIT_CRASH = "Signal: Segmentation fault (11)"
+
+
+def mpi_sbatch(tmp_path, body, ranks, *args, timeout=60):
+    for _ in range(3):
+        run = sbatch(tmp_path, body, *args, timeout=timeout)
+        if not (OMPI_INIT_CRASH in run.output and run.output.count("mpi-init-done") < ranks):
+            return run
+        warnings.warn(f"job {run.job_id}: Open MPI segfaulted inside MPI_Init (known defect, start retried)")
+    return run
+
+
 def records(run):
+    """JSON records printed one per line (``{...}``) or as one gathered list (``[...]``), by rank."""
     assert run.returncode == 0, run.output
-    return sorted((json.loads(line) for line in run.lines() if line.startswith("{")), key=lambda r: r["rank"])
+    got = [json.loads(line) for line in run.lines() if line[:1] in "{["]
+    flat = [r for item in got for r in (item if isinstance(item, list) else [item])]
+    return sorted(flat, key=lambda r: r["rank"])
 
 
 def write(tmp_path, name, text):
@@ -60,7 +85,8 @@ def test_sbatch_runs_one_task_on_each_emulated_node_and_env_parses_there(local_s
 @pytest.mark.mpi
 def test_srun_pmix_starts_one_mpi_world_across_four_nodes(local_slurm, tmp_path):
     prog = write(tmp_path, "mpi.py", MPI_PROG)
-    got = records(sbatch(tmp_path, f"srun --mpi=pmix {PY} {prog}", "-N4", "--ntasks-per-node=1"))
+    got = records(mpi_sbatch(tmp_path, f"srun --mpi=pmix --kill-on-bad-exit=1 {PY} {prog}", 4, "-N4",
+                             "--ntasks-per-node=1"))
     assert [r["rank"] for r in got] == [0, 1, 2, 3]
     assert all(r["size"] == 4 and r["sum"] == 6 for r in got)  # one world, not four single-rank worlds
     assert [r["node"] for r in got] == ["n1", "n2", "n3", "n4"]
@@ -91,6 +117,7 @@ from mpi4py import MPI
 from gyre_hpc.config import ClusterConfig
 from gyre_hpc.slurm.env import from_environ
 from gyre_hpc.slurm.layout import plan_from_env
+print("mpi-init-done", flush=True)
 w = MPI.COMM_WORLD
 placed = plan_from_env(ClusterConfig(cells=2, nodes_per_cell=2), from_environ()).placement_from_env(from_environ())
 deadline = time.time() + 20
@@ -104,11 +131,37 @@ print(json.dumps({{"rank": w.Get_rank(), "size": w.Get_size(), "node": os.enviro
     touch = "bash -c 'touch {}/cell-{}-$SLURMD_NODENAME'"
     cells = "\n".join(f"srun {' '.join(layout.cell_srun_args(c))} {touch.format(tmp_path, c.index)} &"
                       for c in layout.cells)
-    body = f"srun {' '.join(layout.control_srun_args())} {PY} {prog} &\nsleep 0.5\n{cells}\nwait"
-    got = records(sbatch(tmp_path, body, "-N4", "--ntasks-per-node=1"))
+    body = f"srun {' '.join(layout.control_srun_args())} {PY} {prog} &\nworld=$!\nsleep 0.5\n{cells}\nwait $world\nwait"
+    got = records(mpi_sbatch(tmp_path, body, 3, "-N4", "--ntasks-per-node=1"))
     assert [(r["rank"], r["size"], r["node"], r["allocator"], r["cell"]) for r in got] == [
         (0, 3, "n1", True, None), (1, 3, "n1", False, 0), (2, 3, "n3", False, 1)]
     assert all(r["cells_seen"] == ["cell-0", "cell-0", "cell-1", "cell-1"] for r in got)  # 2 tasks per cell
+
+
+@pytest.mark.slurm
+@pytest.mark.mpi
+def test_a_rank_that_dies_ends_the_control_world_instead_of_hanging(local_slurm, tmp_path):
+    """The others wait for a message that will never come (as the allocator waits for its cells); the step still
+    ends at once and the job fails (control_srun_args' --kill-on-bad-exit=1; SLURM's pmix plugin also aborts a
+    step when one of its processes dies)."""
+    layout = plan(ClusterConfig(cells=2, nodes_per_cell=2), ("n1", "n2", "n3", "n4"))
+    prog = write(tmp_path, "crash.py", """
+import os
+from mpi4py import MPI
+print("mpi-init-done", flush=True)
+import time
+w = MPI.COMM_WORLD
+w.Barrier()
+if w.Get_rank() == 1:
+    os._exit(3)
+while not w.Iprobe(source=1):
+    time.sleep(0.05)
+""")
+    start = time.time()
+    run = mpi_sbatch(tmp_path, f"srun {' '.join(layout.control_srun_args())} {PY} {prog}", 3, "-N4",
+                     "--ntasks-per-node=1", timeout=60)
+    assert run.returncode != 0 and "task 1: Exited with exit code 3" in run.output, run.output
+    assert time.time() - start < 30
 
 
 @pytest.mark.mpi
@@ -119,7 +172,9 @@ def test_mpirun_oversubscribed_world_outside_slurm(mpirun, tmp_path):
     out = subprocess.run([mpirun, "--oversubscribe", "-n", "4", PY, str(prog)], capture_output=True, text=True,
                          env=env, timeout=120)
     assert out.returncode == 0, out.stderr
-    got = sorted((json.loads(line) for line in out.stdout.splitlines()), key=lambda r: r["rank"])
+    gathered = re.search(r"\[\{.*\}\]", out.stdout)  # rank 0's line; mpirun may run other ranks' output into it
+    assert gathered, out.stdout
+    got = sorted(json.loads(gathered.group(0)), key=lambda r: r["rank"])
     assert [(r["rank"], r["size"], r["sum"]) for r in got] == [(0, 4, 6), (1, 4, 6), (2, 4, 6), (3, 4, 6)]
 
 
@@ -168,7 +223,10 @@ def test_submitit_multi_task_job_gives_each_task_its_rank_and_node(local_slurm, 
     from slurm_cluster import rank_and_node
 
     job = executor(tmp_path, nodes=2, tasks_per_node=1).submit(rank_and_node)
-    assert sorted(job.results()) == [(0, 2, "n1"), (1, 2, "n2")]
+    results = sorted(job.results())
+    assert [(rank, size) for rank, size, _ in results] == [(0, 2), (1, 2)]
+    # which two nodes depends on what earlier jobs still hold; the sacct stand-in reports the same ones
+    assert tuple(node for _, _, node in results) == expand_hostlist(job.get_info()["NodeList"])
 
 
 @pytest.mark.slurm
@@ -241,7 +299,7 @@ def test_sacct_standin_answers_submitits_query_for_every_end_state(local_slurm, 
             break
         time.sleep(0.1)
     assert {k: info.get(k, {}).get("State") for k in wanted} == wanted
-    assert info[ok]["NodeList"] == "n1"
+    assert info[ok]["NodeList"] in ("n1", "n2", "n3", "n4")
 
 
 @pytest.mark.slurm

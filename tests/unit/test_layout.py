@@ -36,9 +36,10 @@ def test_allocator_is_an_extra_rank_on_the_first_node_and_leaders_lead_from_thei
 def test_srun_arguments_place_every_rank_and_confine_cell_steps():
     layout = plan(cluster(), N4)
     assert layout.control_srun_args() == [
-        "--ntasks=3", "--distribution=arbitrary", "--nodelist=n1,n1,n3", "--overlap", "--overcommit", "--mpi=pmix"]
+        "--ntasks=3", "--distribution=arbitrary", "--nodelist=n1,n1,n3", "--overlap", "--overcommit", "--mpi=pmix",
+        "--kill-on-bad-exit=1"]
     assert layout.cell_srun_args(layout.cells[1]) == [
-        "--nodelist=n3,n4", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--exact"]
+        "--nodelist=n3,n4", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--exact", "--kill-on-bad-exit=1"]
     assert layout.cell_srun_args(layout.cells[0], tasks_per_node=4)[2:4] == ["--ntasks=8", "--ntasks-per-node=4"]
 
 
