@@ -8,6 +8,7 @@ when
 - fewer than ``batch_groups`` groups went out for the current policy version (the core steps on exactly
   that many), and
 - the policy streams, or a whole batch is ready (non-streaming policies train fixed batches of B groups);
+- a new version's batch starts only while the burst has fewer than the policy's ``mu`` steps;
 
 otherwise with ``None``. The core's STEPPED (after its optimizer step) opens the next version's batch.
 
@@ -28,8 +29,9 @@ from gyre_hpc.cell import dataplane as dp
 
 class Hub:
     def __init__(self, comm: Any, batch_groups: int, streaming: bool, role_of: Callable[[int], Role],
-                 on_step: Callable[[dict], None]):
+                 on_step: Callable[[dict], None], burst_open: Callable[[], bool] = lambda: True):
         self.comm, self.B, self.streaming = comm, batch_groups, streaming
+        self.burst_open = burst_open
         self.role_of, self.on_step = role_of, on_step
         self.incoming: queue.SimpleQueue[dp.Group] = queue.SimpleQueue()
         self.ready: deque[dp.Group] = deque()
@@ -62,6 +64,8 @@ class Hub:
     def _next(self, cell: int) -> dp.Group | None:
         if self.role_of(cell) is not Role.TRAIN or len(self.handed) >= self.B or not self.ready:
             return None
+        if not self.handed and not self.burst_open():
+            return None  # the burst has its mu steps: the next batch waits for the next burst
         if not self.streaming and not self.handed and len(self.ready) < self.B:
             return None
         group = self.ready.popleft()

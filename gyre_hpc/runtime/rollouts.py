@@ -110,14 +110,15 @@ class Rollouts:
                 self.post(RunsChanged(runs=tuple(runs), ended=ended))
 
     def stop(self) -> int:
-        """Cancel the runs still going (they end aborted); returns how many groups were cut."""
-        self.monitor.cancel()
-        cut = [f for f in self.futures if not f.done()]
-        for f in cut:
-            f.cancel()
-        deadline = time.time() + 30
-        while any(not f.done() for f in self.futures) and time.time() < deadline:
-            time.sleep(0.05)
+        """Cancel the runs still going (they end aborted) and stop the thread; returns how many groups were cut."""
+        cut = sum(not f.done() for f in self.futures)
+        asyncio.run_coroutine_threadsafe(self._cancel_all(), self.loop).result(60)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
-        return len(cut)
+        return cut
+
+    async def _cancel_all(self) -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

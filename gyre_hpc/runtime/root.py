@@ -91,7 +91,8 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm) -> dict:
                   f"reward {'-' if reward is None else f'{reward:.3f}'} | {time.perf_counter() - t0:.0f}s",
                   file=sys.stderr, flush=True)
 
-        hub = Hub(comm, cfg.scheduler.batch_groups, policy.streaming, lambda c: server.state.cells[c].role, on_step)
+        hub = Hub(comm, cfg.scheduler.batch_groups, policy.streaming, lambda c: server.state.cells[c].role, on_step,
+                  burst_open=lambda: policy.mu is None or server.state.burst_steps < policy.mu)
         rollouts = Rollouts(cfg, run_dir, proxy.url, hub.offer)
 
         def before_shutdown() -> None:

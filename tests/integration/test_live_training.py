@@ -1,0 +1,91 @@
+"""A short live training through the real runtime: ``gyre train`` launches itself with mpirun (1 + 3 ranks).
+
+Rank 0 runs the allocator server with the colocate policy object (deterministic role changes: every cell
+switches to training when a batch is ready and back after the step), the proxy subprocess, the harness and
+the data-plane hub; ranks 1-3 run real local engines, the core's megatron trainer and two satellites that
+pull the core's weights over Mooncake. Nothing is stubbed.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gyre_hpc.allocator.eventlog import read_events
+from gyre_hpc.trajectory.records import read_tito
+from slurm_cluster import mpirun  # noqa: F401  (fixture)
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow]
+
+OVERRIDES = [
+    "cluster.cells=3", "scheduler.policy=colocate", "scheduler.batch_groups=2", "allocator.steps=2",
+    "agent.runs_per_group=4", "agent.turns=[1, 2]", "agent.timeout_s=120", "run.name=ci",
+]
+
+
+@pytest.fixture(scope="module")
+def live_run(mpirun, tmp_path_factory):
+    out = tmp_path_factory.mktemp("live")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(ROOT / "configs" / "local.yaml"), "--json",
+           "--set", f"run.out_dir={out}"] + [a for o in OVERRIDES for a in ("--set", o)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=540, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    return summary, Path(summary["run_dir"]), proc.stderr
+
+
+def test_live_run_trains_the_requested_steps_and_shuts_down_in_order(live_run):
+    summary, run_dir, _ = live_run
+    assert summary["policy"] == "colocate" and summary["steps"] == 2
+    assert summary["stop"]["reason"] == "2 optimizer steps done"
+    assert summary["stop"]["lost"] == [] and summary["stop"]["no_bye"] == []
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["version"] for s in steps] == [1, 2] and all(s["groups"] == 2 for s in steps)
+    assert json.loads((run_dir / "weights" / "LATEST.json").read_text())["version"] == 2
+    assert (run_dir / "checkpoints" / "latest" / "meta.json").is_file()
+    for png in ("roles.png", "reward.png", "query_durations.png"):
+        assert (run_dir / png).stat().st_size > 1000
+
+
+def test_cells_switch_both_ways_with_a_timing_breakdown(live_run):
+    summary, run_dir, _ = live_run
+    assert summary["switches_r2t"] >= 1 and summary["switches_t2r"] >= 1
+    done = [e for e in read_events(run_dir / "events.jsonl") if e["event"] == "switch_done"]
+    to_train = [e["timing"] for e in done if e["role"] == "train"]
+    to_rollout = [e["timing"] for e in done if e["role"] == "rollout"]
+    assert to_train and to_rollout
+    assert all({"drain_s", "engine_stop_s", "total_s"} <= set(t) for t in to_train)
+    assert all({"engine_start_s", "register_s", "total_s"} <= set(t) for t in to_rollout)
+
+
+def test_a_satellite_pulls_the_cores_weights_over_mooncake_with_matching_checksums(live_run):
+    summary, run_dir, _ = live_run
+    assert summary["weight_pulls"] >= 1 and summary["weight_pull_checksum_ok"] is True
+    pulls = [p for f in (run_dir / "cells").glob("cell*.json") for p in json.loads(f.read_text())["pulls"]]
+    assert pulls and all(p["backend"] == "mooncake" and p["bytes"] > 0 for p in pulls)
+    satellites_trained = {c for s in (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines())
+                          for c in s["cells"] if c != 0}
+    assert satellites_trained, "no satellite trained a group"
+
+
+def test_no_run_is_lost_and_every_finished_run_has_a_reward(live_run):
+    summary, run_dir, _ = live_run
+    assert summary["runs_lost"] == 0
+    assert summary["runs_finished"] >= 2 * 2 * 4
+    assert summary["runs_scored"] == summary["runs_finished"]
+    outcomes = [o for f in (run_dir / "tito").glob("q*.jsonl") for o in read_tito(f).outcomes]
+    assert len(outcomes) == summary["runs_finished"] and all(o.score is not None for o in outcomes)
+    assert summary["reward_first"] is not None and summary["reward_last"] is not None
+
+
+def test_staleness_is_measured_from_the_generating_versions(live_run):
+    summary, run_dir, stderr = live_run
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps[0]["staleness_max"] == 0  # the first step trains version-0 tokens at version 0
+    assert 0 <= summary["staleness_mean"] <= summary["staleness_max"] <= 2
+    assert "[gyre colocate] step" in stderr  # the live progress line
