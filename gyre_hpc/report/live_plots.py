@@ -2,8 +2,7 @@
 
 - ``role_timeline``: one row per cell, colored by role over time, from the allocator's event log (a switch
   order starts the transition, its ``switch_done`` ends it), with optimizer steps as vertical lines; the
-  title carries the training-idle fraction (share of cell-time spent in TRAIN while no group was trained is
-  not observable here, so it reports the share of cell-time in TRAIN, in transitions and in rollout).
+  title gives the share of cell-time in each role.
 - ``query_durations``: histogram of the seconds from a query's admission to all its runs ending.
 """
 from __future__ import annotations
