@@ -121,7 +121,9 @@ def main() -> None:
     args = p.parse_args()
     if args.mpi_child:
         return mpi_child(args.backoff_max_s)
+    load0 = os.getloadavg()[0]
     runs = [{**run_mpi(args.backoff_max_s), **throughput()} for _ in range(args.repeats)]
+    args.load = (load0, os.getloadavg()[0])
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     table = {k: [round(r[k], 3) for r in runs] for k in runs[0]}
     print(json.dumps({"median": med, "runs": table}, indent=1))
@@ -140,7 +142,8 @@ def report(args, med: dict, runs: dict) -> str:
         f"{args.backoff_max_s}`",
         f"- machine: 2-core shared CPU ({platform.machine()}, Python {platform.python_version()}), date "
         f"{datetime.date.today()}; Open MPI `mpirun --oversubscribe -n 2`, btl self,tcp",
-        f"- medians of {args.repeats} runs; MPI round trips: {ROUNDS} per run", "",
+        f"- medians of {args.repeats} runs; MPI round trips: {ROUNDS} per run; 1-minute load average "
+        f"{args.load[0]:.1f} at the start, {args.load[1]:.1f} at the end (other engineers' jobs share the 2 cores)", "",
         "| case | median | runs | ratio vs baseline |", "|---|---|---|---|",
         row("MPI round trip, blocking comm.recv (baseline)", "rtt_blocking_us", "rtt_blocking_us", "µs"),
         row("MPI round trip, MpiTransport.recv (improbe + back-off)", "rtt_backoff_us", "rtt_blocking_us", "µs"),
