@@ -21,7 +21,7 @@ setup(
         "engine": ENGINE,
         "mpi": MPI,
         "slurm": SLURM,
-        "dev": TRAIN + TRANSFER + ENGINE + ["pytest>=8", "pytest-timeout>=2.2"],
+        "dev": TRAIN + TRANSFER + ENGINE + MPI + SLURM + ["pytest>=8", "pytest-timeout>=2.2"],
     },
     entry_points={"console_scripts": ["gyre=gyre_hpc.cli:main"]},
 )
