@@ -82,6 +82,7 @@ def launch(args: argparse.Namespace, cells: int, run_dir: Path) -> int:
     root = str(Path(__file__).resolve().parents[1])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,tcp",
+               OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_oob_tcp_if_include="lo",  # loopback only
                OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
                PYTHONPATH=os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p))
     cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-n", str(1 + cells), sys.executable, "-m",

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Install everything gyre_hpc needs on a fresh Debian machine (as root): Debian packages for Mooncake
+# (libibverbs1), SLURM/munge/PMIx/Open MPI (via scripts/local-slurm.sh install), then the Python package with
+# all backends. torch is pinned to the CPU wheel 2.13.0 so no multi-GB CUDA build is pulled.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+if ! dpkg -s libibverbs1 >/dev/null 2>&1; then
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends libibverbs1 >/dev/null   # Mooncake imports it even for TCP
+fi
+bash scripts/local-slurm.sh install                                          # slurm, munge, pmix, openmpi-bin
+python -m pip install -q torch==2.13.0
+python -m pip install -q --only-binary=mpi4py "mpi4py>=4.1"                  # the wheel; never a source build
+python -m pip install -q -e ".[dev]"
+echo "gyre_hpc set up: try 'gyre --help'"
