@@ -6,14 +6,15 @@ the executor (simulator or live allocator) writes it, through the small methods 
 
 Invariants
 - ``ready_since(x)`` is the earliest time since which the ready-group count has been >= x without
-  interruption, or None when it is below x now. It is kept in a monotone stack, so it costs O(1) amortized
-  per change and needs no clock.
+  interruption, or None when it is below x now. It is kept in a monotone stack (O(1) amortized per change,
+  O(log n) per query) and needs no clock.
 - ``unfinished_runs == sum(cell.runs) + parked_runs`` (runs on no cell are parked, waiting for a rollout
   cell); the executor keeps the counters, ``check()`` verifies them.
 - ``burst_steps`` counts optimizer steps since training cells last went from none to some.
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from gyre_hpc.allocator.types import TRANSITIONS, Role
@@ -49,7 +50,8 @@ class SchedState:
     unfinished_runs: int = 0       # admitted runs that have not ended (on a cell or parked)
     trained_batches: int = 0
     lag_sum: float = 0.0           # sum over trained batches of the batch's mean per-token lag
-    _ready_stack: list[tuple[float, int]] = field(default_factory=lambda: [(0.0, 0)])
+    _ready_t: list[float] = field(default_factory=lambda: [0.0])   # monotone stack: since when ...
+    _ready_c: list[int] = field(default_factory=lambda: [0])       # ... the count has been >= this
 
     # ------------------------------------------------------------------ queries used by policies
     def cells_in(self, *roles: Role) -> list[int]:
@@ -70,20 +72,19 @@ class SchedState:
         """Earliest time since which ready_groups >= threshold continuously; None if below now."""
         if self.ready_groups < threshold:
             return None
-        for t, count in self._ready_stack:
-            if count >= threshold:
-                return t
-        return None  # unreachable: the top of the stack is the current count
+        return self._ready_t[bisect.bisect_left(self._ready_c, threshold)]
 
     # ------------------------------------------------------------------ updates by the executor
     def set_ready(self, count: int, now: float) -> None:
         """Record that ready_groups became ``count`` at ``now`` (keeps the monotone stack)."""
-        stack = self._ready_stack
+        times, counts = self._ready_t, self._ready_c
         since = now
-        while stack and stack[-1][1] > count:
-            since = stack.pop()[0]  # count has been above the new value since then
-        if not stack or stack[-1][1] < count:
-            stack.append((since, count))
+        while counts and counts[-1] > count:
+            counts.pop()
+            since = times.pop()  # the count has been above the new value since then
+        if not counts or counts[-1] < count:
+            counts.append(count)
+            times.append(since)
         self.ready_groups = count
 
     def set_role(self, cell: int, role: Role, now: float) -> None:
