@@ -6,7 +6,7 @@ steps, and the engine loads the exported weights. Baseline measured in the same 
 with the same sampling seeds, before any training (version 0) and after the last step. Also printed: the
 chance level of a uniform policy, and the mean reward of the first and last ``--window`` training steps.
 
-    python benchmarks/bench_learning.py --steps 40 --json benchmarks/results/agents-learning.json
+    python benchmarks/bench_learning.py --seed 0 --json /tmp/learning.json
 
 Records go to ``benchmarks/results/agents.md`` by hand (command, machine, date, numbers).
 """
@@ -30,7 +30,7 @@ AGENT = dict(runs_per_group=8, turns=(1, 3), call_tokens=4, answer_tokens=8, too
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=120)
     p.add_argument("--groups", type=int, default=8, help="queries per step")
     p.add_argument("--runs", type=int, default=8, help="runs per query (group size)")
     p.add_argument("--key-classes", type=int, default=2)

@@ -22,12 +22,15 @@ def loop(tmp_path_factory):
 
     engine = EngineConfig(max_running_requests=GROUPS * AGENT.runs_per_group, context_len=256,
                           request_timeout_s=120.0)
-    return run_closed_loop(AGENT, ModelConfig(), TrainConfig(lr=1e-2, loss="ppo", threads=1),
-                           TrajectoryConfig(max_row_tokens=512), engine, steps=STEPS, groups_per_step=GROUPS,
-                           seed=0, work_dir=tmp_path_factory.mktemp("loop"), epochs=4, eval_groups=EVAL_GROUPS)
+    work = tmp_path_factory.mktemp("loop")
+    result = run_closed_loop(AGENT, ModelConfig(), TrainConfig(lr=1e-2, loss="ppo", threads=1),
+                             TrajectoryConfig(max_row_tokens=512), engine, steps=STEPS, groups_per_step=GROUPS,
+                             seed=0, work_dir=work, epochs=4, eval_groups=EVAL_GROUPS)
+    return result, work
 
 
 def test_held_out_reward_rises_clearly_after_a_short_rl_loop(loop):
+    loop, _ = loop
     pairs = np.array([(b, a) for b, a in zip(loop.eval_before, loop.eval_after) if b is not None and a is not None])
     assert len(pairs) == EVAL_GROUPS * AGENT.runs_per_group
     gain = pairs[:, 1] - pairs[:, 0]
@@ -36,8 +39,18 @@ def test_held_out_reward_rises_clearly_after_a_short_rl_loop(loop):
 
 
 def test_every_step_trained_on_branching_runs_and_moved_the_engine_to_the_new_version(loop):
+    loop, _ = loop
     assert [r.version for r in loop.steps] == [4 * k for k in range(STEPS)]  # 4 optimizer steps per batch
     assert [r.generated_versions for r in loop.steps] == [(4 * k,) for k in range(STEPS)]  # the engine followed
     assert all(r.scored_runs == r.runs == GROUPS * AGENT.runs_per_group and r.trained_tokens > 0 for r in loop.steps)
     kinds = {k for r in loop.steps for k, n in r.branches.items() if n}
     assert kinds == {"root", "continuation", "retry", "compression", "subagent"}
+
+
+def test_steps_never_repeat_a_query_and_never_train_on_evaluation_queries(loop):
+    _, work = loop
+    queries = {d.name: {f.name.split("-")[0] for f in d.glob("*.jsonl")} for d in (work / "tito").iterdir()}
+    assert set(queries) == {f"step{k:03d}" for k in range(STEPS)} | {"eval-before", "eval-after"}
+    trained = [q for name, qs in queries.items() if name.startswith("step") for q in qs]
+    assert len(trained) == len(set(trained)) == STEPS * GROUPS
+    assert queries["eval-before"] == queries["eval-after"] and not queries["eval-before"] & set(trained)
