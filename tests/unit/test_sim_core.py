@@ -114,3 +114,27 @@ def test_all_policies_see_the_same_workload_and_speedups_are_ratios():
         for key in ("train_idle_frac", "rollout_idle_frac", "switch_frac"):
             assert 0.0 <= r[key] <= 1.0
         assert r["train_cell_frac"] + r["rollout_cell_frac"] + r["switch_frac"] == pytest.approx(1.0)
+
+
+def test_orders_are_immutable_and_transition_roles_are_the_two_switches():
+    from dataclasses import FrozenInstanceError
+
+    from gyre_hpc.allocator.types import Admit, Switch
+
+    with pytest.raises(FrozenInstanceError):
+        Switch(0, Role.TRAIN).cell = 1
+    with pytest.raises(FrozenInstanceError):
+        Admit(3).queries = 4
+    assert {r for r in Role if r.transition} == {Role.DRAINING, Role.LOADING}
+
+
+def test_burst_steps_restart_when_training_cells_go_from_none_to_some():
+    st = SchedState(cells=[CellState(), CellState()])
+    st.set_role(0, Role.TRAIN, 1.0)
+    st.burst_steps = 3
+    st.set_role(1, Role.TRAIN, 2.0)  # a satellite joins the ongoing burst
+    assert st.burst_steps == 3
+    st.set_role(0, Role.ROLLOUT, 3.0)
+    st.set_role(1, Role.ROLLOUT, 3.0)
+    st.set_role(1, Role.TRAIN, 4.0)  # a new burst
+    assert st.burst_steps == 0

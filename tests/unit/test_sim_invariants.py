@@ -4,6 +4,7 @@ import pytest
 from gyre_hpc.allocator.policies import make_policy
 from gyre_hpc.allocator.sim import workload as workload_mod
 from gyre_hpc.allocator.sim.compare import queries_needed
+from gyre_hpc.allocator.sim.rollout import DONE
 from gyre_hpc.allocator.sim.simulator import Simulation
 from gyre_hpc.allocator.types import Admit, Role, Switch
 from gyre_hpc.config import load_config
@@ -14,8 +15,8 @@ SMALL = "configs/sim/small.yaml"
 class Checked:
     """Wraps a real policy; asserts the invariants of every decision against the state it was made on."""
 
-    def __init__(self, inner, capacity):
-        self.inner, self.capacity = inner, capacity
+    def __init__(self, inner, capacity, slots):
+        self.inner, self.capacity, self.slots = inner, capacity, slots
         self.decisions = self.switch_orders = self.admitted = 0
 
     def __getattr__(self, name):
@@ -23,6 +24,7 @@ class Checked:
 
     def decide(self, state, now):
         state.check()
+        assert all(c.runs <= self.slots for c in state.cells), "a cell never holds more than its KV slots"
         orders = self.inner.decide(state, now)
         self.decisions += 1
         window = self.inner.window(state)
@@ -57,7 +59,8 @@ class Checked:
 def simulate(name, *overrides):
     cfg = load_config(SMALL, list(overrides))
     wl = workload_mod.load(cfg.workload, cfg.sim, queries_needed(cfg), cfg.run.seed)
-    policy = Checked(make_policy(name, cfg.scheduler, cfg.cluster.cells), cfg.scheduler.capacity_runs_per_cell)
+    policy = Checked(make_policy(name, cfg.scheduler, cfg.cluster.cells), cfg.scheduler.capacity_runs_per_cell,
+                     cfg.sim.kv_slots_per_cell)
     sim = Simulation(policy, cfg.sim, cfg.scheduler, wl, cfg.cluster.cells, cfg.workload.timeout_h * 3600)
     sim.run()
     return sim, policy, cfg
@@ -125,3 +128,27 @@ def test_fixed_batches_wait_for_their_slowest_query():
     b = cfg.scheduler.batch_groups
     for k, t in enumerate(sim.step_times):
         assert max(sim.q_end[k * b:(k + 1) * b]) <= t  # every query of batch k ended before its step
+
+
+def test_work_is_conserved_and_timeouts_cut_runs_short():
+    sim, _, _ = simulate("gyre")
+    pool, work = sim.pool, sim.wl.work_s
+    done = [r for r in range(len(work)) if pool.where[r] == DONE]
+    assert done
+    for r in done:
+        did = pool.done_work(r)
+        if pool.left[r] == 0.0:
+            assert did >= work[r] - 1e-6  # finished: all its work (plus any move overhead)
+        else:
+            assert did < work[r]  # cut by the timeout: partial work only
+    assert any(pool.left[r] > 0 for r in done) and any(pool.left[r] == 0 for r in done)
+
+
+def test_paper_config_keeps_the_gyre_invariants():
+    cfg = load_config("configs/sim/paper_2p4t.yaml")
+    wl = workload_mod.load(cfg.workload, cfg.sim, queries_needed(cfg), cfg.run.seed)
+    policy = Checked(make_policy("gyre", cfg.scheduler, cfg.cluster.cells), cfg.scheduler.capacity_runs_per_cell,
+                     cfg.sim.kv_slots_per_cell)
+    sim = Simulation(policy, cfg.sim, cfg.scheduler, wl, cfg.cluster.cells, cfg.workload.timeout_h * 3600)
+    sim.run()
+    assert sim.state.steps_done == 48 and policy.switch_orders >= 2 * 48

@@ -63,6 +63,8 @@ def summarize(sim: Simulation, end: float, wall_s: float) -> dict[str, float]:
         "switches": sum(len(ev) - 1 for ev in sim.timeline),
         "queries_completed": int(durations.size),
         "query_hours_mean": float(durations.mean() / 3600.0) if durations.size else 0.0,
+        **{f"query_hours_p{q}": float(np.percentile(durations, q) / 3600.0) if durations.size else 0.0
+           for q in (10, 50, 90)},
         "frac_queries_ge_4h": float((durations >= 4 * 3600.0).mean()) if durations.size else 0.0,
         "frac_queries_hit_timeout": float(hit.mean()) if durations.size else 0.0,
         "frac_queries_within_5pct_of_timeout": float((durations >= 0.95 * timeout).mean()) if durations.size else 0.0,
