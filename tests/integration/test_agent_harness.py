@@ -127,6 +127,25 @@ def test_an_engine_abort_is_reissued_from_the_same_input_and_the_run_still_finis
     read_runs([r.path for r in results], vocab_size=MODEL.vocab_size)
 
 
+def test_a_cancelled_harness_still_writes_an_outcome_for_every_started_run(engine, tmp_path):
+    cfg = dataclasses.replace(AGENT, tool_time_median_s=0.5, tool_time_sigma=0.0, turns=(3, 3))
+    h = harness(engine.url, tmp_path, cfg)
+
+    async def scenario():
+        task = asyncio.create_task(h.run_async([50, 51]))
+        await asyncio.sleep(1.0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    files = sorted((tmp_path / "tito").glob("*.jsonl"))
+    assert [f.stem for f in files] == sorted(f"q{q}-r{j}" for q in (50, 51) for j in range(cfg.runs_per_group))
+    log = read_runs(files, vocab_size=MODEL.vocab_size)
+    assert {o.status for o in log.outcomes} == {RunStatus.ABORTED} and log.calls
+    assert all("harness stopped: CancelledError" in o.detail for o in log.outcomes)
+
+
 def test_behind_the_proxy_the_proxy_records_the_calls_and_gets_every_outcome(engine, tmp_path):
     from gyre_hpc.proxy.client import ProxyClient
     from gyre_hpc.proxy.launch import start_proxy
