@@ -19,6 +19,8 @@ Model (docs/simulator.md has the full account)
   (weight_bytes / pull_bytes_per_s) when it joins and after every optimizer step.
 - Rollout engines generate with the newest version from the moment an optimizer step completes.
 
+The training side (ready groups, the trainer, optimizer steps) is ``sim/trainer.py``.
+
 Invariants
 - Same inputs and seed → identical results (the event heap breaks ties by sequence number).
 - Each order is applied exactly as the policy emitted it; the simulator never makes a role decision.
@@ -34,7 +36,8 @@ import numpy as np
 from gyre_hpc.allocator import transitions as tr
 from gyre_hpc.allocator.policies import Policy
 from gyre_hpc.allocator.sim.events import EventQueue
-from gyre_hpc.allocator.sim.rollout import DONE, LIMBO, NOT_STARTED, PARKED, RolloutPool
+from gyre_hpc.allocator.sim.rollout import DONE, PARKED, RolloutPool
+from gyre_hpc.allocator.sim.trainer import PULL_DONE, TrainerSide
 from gyre_hpc.allocator.sim.workload import Workload
 from gyre_hpc.allocator.staleness import LagLedger
 from gyre_hpc.allocator.state import CellState, SchedState
@@ -42,10 +45,10 @@ from gyre_hpc.allocator.types import Admit, Role, Switch, WakeAt
 from gyre_hpc.config import SchedulerConfig, SimConfig
 from gyre_hpc.errors import SchedulingError
 
-CELL_DONE, TIMEOUT, SWITCH_DONE, PULL_DONE, TRAIN_DONE, OPT_DONE, WAKE = range(7)
+CELL_DONE, TIMEOUT, SWITCH_DONE, WAKE = 0, 1, 2, 6  # 3, 4, 5: trainer events (sim/trainer.py)
 
 
-class Simulation:
+class Simulation(TrainerSide):
     def __init__(self, policy: Policy, sim: SimConfig, sched: SchedulerConfig, wl: Workload, cells: int,
                  timeout_s: float):
         self.policy, self.sim, self.B, self.timeout = policy, sim, sched.batch_groups, timeout_s
@@ -207,24 +210,6 @@ class Simulation:
             self._release_batches(qi)
         self._tr_kick(now)
 
-    def _release(self, groups: list[int]) -> None:
-        """Hand held ready groups of a complete fixed batch to the trainer, in admission order."""
-        st = self.state
-        for g in groups:
-            self.tq.append(g)
-            st.unprocessed_groups += 1
-            st.backlog_work_s += self.g_work[g]
-
-    def _release_batches(self, qi: int) -> None:
-        """Fixed batches (non-streaming): batch b = queries b*B..b*B+B-1, released whole and in order."""
-        b = qi // self.B
-        self.batch_done[b] = self.batch_done.get(b, 0) + 1
-        while self.batch_done.get(self.next_batch, 0) == self.B:
-            first = self.next_batch * self.B
-            self._release(list(range(first, first + self.B)))
-            del self.batch_done[self.next_batch]
-            self.next_batch += 1
-
     # ================================================================== role switches
     def _apply_switches(self, switches: list[Switch], now: float) -> None:
         st, pool = self.state, self.pool
@@ -281,83 +266,3 @@ class Simulation:
 
     def _on_wake(self, now: float, a: int, b: int) -> None:
         self.wakes.discard(now)
-
-    # ================================================================== trainer
-    def _tr_may_run(self) -> bool:
-        st, mu = self.state, self.policy.mu
-        return not st.optimizing and (mu is None or st.burst_steps < mu) and bool(self.train_active)
-
-    def _tr_advance(self, now: float) -> None:
-        dt = now - self.tr_t
-        self.tr_t = now
-        if dt > 0 and self.cur >= 0 and self._tr_may_run():
-            done = min(self.cur_left, dt * len(self.train_active))
-            self.cur_left -= done
-            self.train_busy += done
-            self.state.backlog_work_s = max(0.0, self.state.backlog_work_s - done)
-
-    def _tr_kick(self, now: float) -> None:
-        """(Re)start processing if possible and schedule the current group's completion."""
-        self._tr_advance(now)
-        self.tr_stamp += 1
-        if not self._tr_may_run():
-            return
-        if self.cur < 0 and self.tq:
-            if self.policy.streaming or self.step_n > 0 or len(self.tq) >= self.B:
-                self.cur = self.tq.popleft()
-                self.cur_left = self.g_work[self.cur]
-        if self.cur >= 0:
-            self.q.push(now + self.cur_left / len(self.train_active), TRAIN_DONE, self.tr_stamp)
-
-    def _on_train_done(self, now: float, stamp: int, _: int) -> None:
-        if stamp != self.tr_stamp:
-            return
-        self._tr_advance(now)
-        st, g = self.state, self.cur
-        self.cur = -1
-        tr.groups_trained(st, 1, 0.0)  # its work already left the backlog while it was processed
-        self._record_lag(g, st.version)
-        self.step_n += 1
-        if self.step_n == self.B:
-            st.optimizing = True
-            self.tr_stamp += 1
-            self.q.push(now + self.sim.optimizer_s, OPT_DONE)
-        else:
-            self._tr_kick(now)
-
-    def _record_lag(self, g: int, version: int) -> None:
-        for versions, tokens in self.g_trained.pop(g):
-            if not versions:
-                continue
-            lag, tokens = self.ledger.add_run(version, versions, tokens)
-            self.batch_lag[0] += lag * tokens
-            self.batch_lag[1] += tokens
-
-    def trained(self, r: int) -> tuple[list[int], list[float]]:
-        """(versions, tokens) of run ``r``'s trained tokens: the last ``train_window`` of its work."""
-        seg, window, rate = self.pool.segs[r], self.train_window[r], self.tok_rate[r]
-        if window >= sum(seg.values()):
-            return list(seg), [w * rate for w in seg.values()]
-        versions, tokens = [], []
-        for v in reversed(seg):
-            take = min(seg[v], window)
-            versions.append(v)
-            tokens.append(take * rate)
-            window -= take
-            if window <= 0:
-                break
-        return versions, tokens
-
-    def _on_opt_done(self, now: float, a: int, b: int) -> None:
-        st = self.state
-        self.train_busy += self.sim.optimizer_s
-        self.step_times.append(now)
-        tr.step_done(st, self.B, self.batch_lag[0] / self.batch_lag[1] if self.batch_lag[1] else 0.0, now)
-        self.batch_lag = [0.0, 0.0]
-        self.step_n = 0
-        self.pool.bump(now, st.version)
-        self.tr_t = now
-        for c in sorted(self.train_active - {st.core}):
-            self.train_active.discard(c)
-            self.q.push(now + self.pull_s, PULL_DONE, c)
-        self._tr_kick(now)
