@@ -66,3 +66,15 @@ def test_bad_input_fails_with_the_dotted_key_before_running(args, message, capsy
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_a_trace_replays_through_the_cli(tmp_path, capsys):
+    from gyre_hpc.allocator.sim import workload as wlm
+    from gyre_hpc.config import load_config
+
+    cfg = load_config(SMALL)
+    trace = tmp_path / "runs.jsonl"
+    wlm.write_trace(trace, wlm.parametric(cfg.workload, cfg.sim, 30, 0), cfg.workload.timeout_h * 3600)
+    assert main(["simulate", SMALL, "--json", *FAST, "--set", f"workload.trace={trace}"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["policies"]["gyre"]["hours"] > 0 and out["workload"]["frac_queries_hit_timeout"] > 0
