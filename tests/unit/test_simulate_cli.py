@@ -77,4 +77,5 @@ def test_a_trace_replays_through_the_cli(tmp_path, capsys):
     wlm.write_trace(trace, wlm.parametric(cfg.workload, cfg.sim, 30, 0), cfg.workload.timeout_h * 3600)
     assert main(["simulate", SMALL, "--json", *FAST, "--set", f"workload.trace={trace}"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["policies"]["gyre"]["hours"] > 0 and out["workload"]["frac_queries_hit_timeout"] > 0
+    gyre = out["policies"]["gyre"]
+    assert gyre["hours"] > 0 and gyre["queries_completed"] >= 4 * 8  # 4 steps of 8 groups, from the trace
