@@ -218,8 +218,6 @@ def make_policy(name: str, cfg: SchedulerConfig, cells: int) -> Policy:
     """The policy ``name`` configured by ``cfg`` for ``cells`` cells (validated first)."""
     validate(name, cfg, cells)
     cls = _CLASSES[name]
-    if cls is Gyre or cls is ColocateStreaming or cls is Colocate:
-        return cls(cfg, mu=cfg.mu if cls is not Colocate else 1)
-    if cls is AsyncStreaming:
-        return cls(cfg, mu=None)
-    return cls(cfg)
+    # async trains for the whole job (no bursts); colocate trains one fixed batch per switch
+    mu = None if issubclass(cls, Async) else 1 if cls is Colocate else cfg.mu
+    return cls(cfg, mu=mu)
