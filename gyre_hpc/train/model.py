@@ -36,15 +36,17 @@ def init_parallel(
             raise RuntimeError(f"model parallel already initialised as (world, tp)={have}")
         return
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        if master_port is not None:
-            os.environ["MASTER_PORT"] = str(master_port)
-        elif world_size == 1:
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group(backend, world_size=world_size, rank=rank)
+        if world_size == 1 and master_port is None:
+            # a one-process world needs no rendezvous: an in-memory store binds no port (no EADDRINUSE races)
+            dist.init_process_group(backend, store=dist.HashStore(), world_size=1, rank=0)
+        else:
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            if master_port is not None:
+                os.environ["MASTER_PORT"] = str(master_port)
+            dist.init_process_group(backend, world_size=world_size, rank=rank)
     ps.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel)
     model_parallel_cuda_manual_seed(seed)
 

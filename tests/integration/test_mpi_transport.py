@@ -35,8 +35,15 @@ def launch(mpirun, n: int, *args: str, timeout: float = 120, recovery: bool = Tr
 
 
 def outputs(out: subprocess.CompletedProcess) -> dict[int, dict]:
-    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    return {r["rank"]: r for r in lines}
+    """Every rank's JSON summary. mpirun forwards the ranks' output in chunks, so two summaries can arrive on
+    one line: decode objects wherever they start instead of line by line."""
+    decoder, text, found = json.JSONDecoder(), out.stdout, []
+    start = text.find('{"rank"')
+    while start != -1:
+        obj, end = decoder.raw_decode(text, start)
+        found.append(obj)
+        start = text.find('{"rank"', end)
+    return {r["rank"]: r for r in found}
 
 
 def test_allocator_and_three_cells_exchange_real_messages_and_shut_down_in_order(mpirun, tmp_path):
