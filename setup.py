@@ -2,7 +2,7 @@
 from setuptools import find_packages, setup
 
 TRAIN = ["torch==2.13.0", "megatron-core==0.16.1", "psutil"]
-TRANSFER = ["mooncake-transfer-engine-non-cuda==0.3.13.post1"]  # needs Debian libibverbs1, even for TCP
+TRANSFER = ["mooncake-transfer-engine-non-cuda==0.3.13.post1", "psutil"]  # needs Debian libibverbs1, even for TCP
 ENGINE = ["fastapi>=0.110", "uvicorn>=0.29", "httpx>=0.27"]
 MPI = ["mpi4py>=4.1"]
 SLURM = ["submitit>=1.5"]

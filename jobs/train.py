@@ -16,8 +16,10 @@ The run directory layout and the summary keys are in docs/runtime.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -89,13 +91,42 @@ def launch(args: argparse.Namespace, cells: int, run_dir: Path) -> int:
            "gyre_hpc.cli", "train", str(Path(args.config).resolve()), "--run-dir", str(run_dir.resolve())]
     cmd += [a for o in args.overrides for a in ("--set", o)]
     with open(run_dir / "mpirun.log", "ab") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=sys.stderr, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=sys.stderr, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        signal.signal(signal.SIGTERM, _interrupted)
         try:
             return proc.wait()
         except BaseException:
-            proc.terminate()
-            proc.wait(30)
+            _stop_ranks(proc, run_dir)
             raise
+
+
+def _interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _stop_ranks(proc: subprocess.Popen, run_dir: Path) -> None:
+    """Interrupted: dump every rank's stacks to RUN_DIR/traces/ (SIGUSR1), then end mpirun's whole session."""
+    import psutil
+
+    try:
+        ranks = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        ranks = []
+    for p in ranks:
+        with contextlib.suppress(psutil.Error):
+            if "gyre_hpc.cli" in " ".join(p.cmdline()):
+                p.send_signal(signal.SIGUSR1)
+    time.sleep(1.0)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    print(f"gyre train: interrupted; stacks of the ranks in {run_dir / 'traces'}", file=sys.stderr)
 
 
 def _rank(cfg, args: argparse.Namespace) -> int:
@@ -108,6 +139,7 @@ def _rank(cfg, args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     transport = MpiTransport(1 + cfg.cluster.cells)
+    _traceback_on_signal(run_dir / "traces" / f"rank{transport.rank}.txt")
     comm = open_data_comm()
     if transport.rank == 0:
         from gyre_hpc.runtime.root import run_root
@@ -119,6 +151,16 @@ def _rank(cfg, args: argparse.Namespace) -> int:
         proxy_url = comm.bcast(None, root=0)
         CellRunner(cfg, run_dir, transport, comm, proxy_url).run()
     return 0
+
+
+def _traceback_on_signal(path: Path) -> None:
+    """``kill -USR1 PID`` makes a rank append every thread's stack to ``path``: how to see where a hung rank is.
+    ``gyre train`` signals every rank when it is interrupted (Ctrl-C, SIGTERM, a test's timeout)."""
+    import faulthandler
+    import signal
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    faulthandler.register(signal.SIGUSR1, file=open(path, "a"), all_threads=True)  # noqa: SIM115 (kept open)
 
 
 def _print(summary: dict, as_json: bool) -> None:

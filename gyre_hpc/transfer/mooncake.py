@@ -49,14 +49,31 @@ def start_engine(cfg):
     except ImportError as exc:
         raise TransferError(f"transfer.backend=mooncake needs mooncake-transfer-engine-non-cuda and the "
                             f"libibverbs1 system package: {exc}") from None
-    engine = TransferEngine()
-    if cfg.protocol == "rdma" and not rdma_devices(engine):
-        raise TransferError("transfer.protocol=rdma but Mooncake finds no RDMA device on this host (it would "
-                            "silently fall back to TCP); use transfer.protocol=tcp or fix the RDMA install")
-    rc = engine.initialize(cfg.host, "P2PHANDSHAKE", cfg.protocol, "")
-    if rc != 0:
-        raise TransferError(f"Mooncake engine failed to start on {cfg.host} ({cfg.protocol}), return code {rc}")
-    return engine
+    for attempt in range(_START_ATTEMPTS):
+        engine = TransferEngine()
+        if cfg.protocol == "rdma" and not rdma_devices(engine):
+            raise TransferError("transfer.protocol=rdma but Mooncake finds no RDMA device on this host (it would "
+                                "silently fall back to TCP); use transfer.protocol=tcp or fix the RDMA install")
+        rc = engine.initialize(cfg.host, "P2PHANDSHAKE", cfg.protocol, "")
+        if rc != 0:
+            raise TransferError(f"Mooncake engine failed to start on {cfg.host} ({cfg.protocol}), return code {rc}")
+        if _listening(engine.get_rpc_port()):
+            return engine
+        del engine  # its handshake port was taken by another process between Mooncake's probe and its bind
+    raise TransferError(f"Mooncake engine never listened on its handshake port ({_START_ATTEMPTS} attempts): "
+                        "another process took each port it chose; retry or free ports in its range")
+
+
+_START_ATTEMPTS = 5
+
+
+def _listening(port: int) -> bool:
+    """True if this process listens on TCP ``port``. Mooncake picks its handshake port by probing, then binds it
+    later; a port taken meanwhile fails silently (its peers then reach nothing, or another program)."""
+    import psutil
+
+    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port
+               for c in psutil.Process().net_connections(kind="tcp"))
 
 
 class _Registered:

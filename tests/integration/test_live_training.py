@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytes
 OVERRIDES = [
     "cluster.cells=3", "scheduler.policy=colocate", "scheduler.batch_groups=2", "allocator.steps=2",
     "agent.runs_per_group=4", "agent.turns=[1, 2]", "agent.timeout_s=120", "run.name=ci",
+    "allocator.hello_timeout_s=300",
 ]
 
 
@@ -33,8 +34,16 @@ def live_run(mpirun, tmp_path_factory):
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(ROOT / "configs" / "local.yaml"), "--json",
            "--set", f"run.out_dir={out}"] + [a for o in OVERRIDES for a in ("--set", o)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=540, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        stdout, stderr = proc.communicate(timeout=480)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # gyre train dumps every rank's stacks to RUN_DIR/traces/ and ends mpirun's session
+        stdout, stderr = proc.communicate(timeout=60)
+        traces = "".join(p.read_text()[-3000:] for p in out.glob("*/traces/*.txt"))
+        pytest.fail(f"the live run did not finish in 480 s; stacks of its ranks:\n{traces}\n{stderr[-3000:]}")
+    assert proc.returncode == 0, stderr[-4000:]
+    proc = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     return summary, Path(summary["run_dir"]), proc.stderr
 
