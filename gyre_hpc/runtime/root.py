@@ -91,8 +91,14 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm) -> dict:
                   f"reward {'-' if reward is None else f'{reward:.3f}'} | {time.perf_counter() - t0:.0f}s",
                   file=sys.stderr, flush=True)
 
+        def burst_open() -> bool:
+            # steps of this burst the allocator knows, plus those the core reported on the data plane that the
+            # allocator has not applied yet (the two planes race: STEPPED can arrive before TrainProgress)
+            unapplied = max(0, hub.version - server.state.version)
+            return policy.mu is None or server.state.burst_steps + unapplied < policy.mu
+
         hub = Hub(comm, cfg.scheduler.batch_groups, policy.streaming, lambda c: server.state.cells[c].role, on_step,
-                  burst_open=lambda: policy.mu is None or server.state.burst_steps < policy.mu)
+                  burst_open=burst_open)
         rollouts = Rollouts(cfg, run_dir, proxy.url, hub.offer)
 
         def before_shutdown() -> None:
