@@ -150,13 +150,19 @@ def _timeout(timeout: float, connect_timeout: float) -> httpx.Timeout:
     return httpx.Timeout(timeout, connect=connect_timeout)
 
 
+#: Idle connections are dropped well before a server closes them: uvicorn (the local engine, SGLang) closes idle
+#: keep-alive connections after 5 s, and a request sent on a connection it is closing fails with ReadError —
+#: which the client must not retry (a /generate is never sent twice).
+_LIMITS = httpx.Limits(keepalive_expiry=2.0)
+
+
 class EngineClient:
     """Synchronous client of one engine URL (``http://host:port``)."""
 
     def __init__(self, url: str, timeout: float = 600.0, connect_retries: int = 3, connect_timeout: float = 5.0):
         self.url = url.rstrip("/")
         self._http = httpx.Client(base_url=self.url, timeout=_timeout(timeout, connect_timeout),
-                                  transport=httpx.HTTPTransport(retries=connect_retries))
+                                  transport=httpx.HTTPTransport(retries=connect_retries, limits=_LIMITS))
 
     @classmethod
     def from_config(cls, url: str, cfg: EngineConfig) -> "EngineClient":
@@ -241,7 +247,8 @@ class AsyncEngineClient:
     def __init__(self, url: str, timeout: float = 600.0, connect_retries: int = 3, connect_timeout: float = 5.0):
         self.url = url.rstrip("/")
         self._http = httpx.AsyncClient(base_url=self.url, timeout=_timeout(timeout, connect_timeout),
-                                       transport=httpx.AsyncHTTPTransport(retries=connect_retries))
+                                       transport=httpx.AsyncHTTPTransport(retries=connect_retries,
+                                                                          limits=_LIMITS))
 
     @classmethod
     def from_config(cls, url: str, cfg: EngineConfig) -> "AsyncEngineClient":
