@@ -24,7 +24,6 @@ Invariants (tests/integration/test_live_training.py)
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import time
 from pathlib import Path
 

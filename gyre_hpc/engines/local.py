@@ -42,6 +42,7 @@ from gyre_hpc.engines import protocol as P
 from gyre_hpc.engines.scheduler import Scheduler
 from gyre_hpc.engines.weights import load_weights_dir
 from gyre_hpc.errors import ConfigError, EngineError, GyreError
+from gyre_hpc.serving import serve_announced
 
 ENGINE_VERSION = "gyre-local-1"
 HEALTH_TIMEOUT_S = 20.0
@@ -264,15 +265,8 @@ async def serve(engine: LocalEngine, host: str, port: int) -> None:
     server = Server(uvicorn.Config(engine.app, host=host, port=port, log_level="warning", access_log=False,
                                    timeout_graceful_shutdown=5))
 
-    async def announce() -> None:
-        while not server.started:
-            await asyncio.sleep(0.05)
-        print(f"gyre-engine ready url=http://{host}:{port} pid={os.getpid()} weight_version={engine.s.version}",
-              flush=True)
-
-    task = asyncio.create_task(announce())
-    await server.serve()
-    task.cancel()
+    await serve_announced(server, f"gyre-engine ready url=http://{host}:{port} pid={os.getpid()} "
+                                  f"weight_version={engine.s.version}")
 
 
 def main(argv: list[str] | None = None) -> int:

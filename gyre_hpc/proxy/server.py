@@ -38,6 +38,7 @@ from gyre_hpc.config import ProxyConfig, load_config
 from gyre_hpc.errors import GyreError
 from gyre_hpc.proxy.routing import ProxyError
 from gyre_hpc.proxy.service import ProxyService
+from gyre_hpc.serving import serve_announced
 from gyre_hpc.trajectory.records import Outcome, RunStatus
 
 DISCONNECT_POLL_S = 0.25
@@ -218,14 +219,7 @@ async def serve(cfg: ProxyConfig, engines: Sequence[tuple[int, str]] = (), host:
     server = uvicorn.Server(uvicorn.Config(ProxyServer(service).app, host=host, port=port, log_level="warning",
                                            access_log=False, timeout_graceful_shutdown=5))
 
-    async def announce() -> None:
-        while not server.started:
-            await asyncio.sleep(0.05)
-        print(f"gyre-proxy ready url=http://{host}:{port} pid={os.getpid()}", flush=True)
-
-    task = asyncio.ensure_future(announce())
-    await server.serve()
-    task.cancel()
+    await serve_announced(server, f"gyre-proxy ready url=http://{host}:{port} pid={os.getpid()}")
 
 
 def main(argv: list[str] | None = None) -> int:

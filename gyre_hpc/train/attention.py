@@ -13,7 +13,6 @@ Invariants
 """
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 

@@ -136,7 +136,7 @@ class Simulation(TrainerSide):
 
     # ================================================================== rollout events
     def _admit(self, n: int, now: float) -> None:
-        st, pool, wl = self.state, self.pool, self.wl
+        st, wl = self.state, self.wl
         for _ in range(n):
             qi = self.next_query
             if qi >= wl.queries:
