@@ -5,3 +5,8 @@
 - ``loss``        per-token pg / ppo losses gathered at each token's tree parent;
 - ``step``        ``Trainer``: step, burst, state, weight export, atomic checkpoints (``checkpoint``).
 """
+import warnings
+
+# megatron-core warns at import, once per module, that TransformerEngine/Apex are absent; on the CPU that is the
+# expected configuration (docs/training.md), and four copies per process drown the progress line.
+warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
