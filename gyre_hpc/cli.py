@@ -16,6 +16,7 @@ from gyre_hpc.errors import GyreError
 COMMANDS = {
     "train": "jobs.train",
     "simulate": "jobs.simulate",
+    "submit": "jobs.submit",
     "trajectory": "jobs.trajectory",
     "config": "jobs.config",
 }
@@ -23,6 +24,7 @@ COMMANDS = {
 _HELP = {
     "train": "run the main job: elastic RL training on the configured cells",
     "simulate": "predict wall time, idle fractions and staleness of scheduling policies",
+    "submit": "render the sbatch script from the config and submit it (--dry-run prints it)",
     "trajectory": "inspect, synthesize and pack TITO logs (stats, pack, synth)",
     "config": "explain every config key, or print a resolved config",
 }

@@ -464,6 +464,36 @@ class AgentConfig:
 
 
 @dataclass(frozen=True)
+class SlurmConfig:
+    """The sbatch job that runs ``gyre train`` on a SLURM cluster (docs/slurm.md); rendered by gyre_hpc.slurm.sbatch."""
+
+    job_name: str = param("gyre", "#SBATCH --job-name (%x in output paths).")
+    partition: str | None = param(None, "#SBATCH --partition; null = the cluster's default partition.")
+    account: str | None = param(None, "#SBATCH --account to charge; null = the user's default account.")
+    time: str = param("01:00:00", "#SBATCH --time limit as HH:MM:SS (hours may exceed 24, e.g. 48:00:00).")
+    cpus_per_task: int = param(1, "#SBATCH --cpus-per-task: CPUs of each node's task (GPUs come from cluster).")
+    mem: str | None = param(None, "#SBATCH --mem per node, e.g. 512G or 0 (all); null = the partition default.")
+    output: str = param("runs/%x-%j.out", "#SBATCH --output pattern (%j job id, %x job name); its directory must "
+                                          "exist at submission (gyre submit points it into its run directory).")
+    error: str = param("runs/%x-%j.err", "#SBATCH --error pattern, like output.")
+    signal: str = param("USR1@300", "Preemption warning as SIG@seconds: SLURM sends SIG to the batch shell that many "
+                                    "seconds before the time limit, and the shell forwards it to the training step.")
+    requeue: bool = param(True, "#SBATCH --requeue (true) or --no-requeue: may SLURM requeue a preempted job.")
+    extra: tuple[str, ...] = param((), "More #SBATCH options as --key=value or --flag, e.g. --qos=high; only "
+                                        "options in gyre_hpc.slurm.sbatch.EXTRA_OPTIONS are accepted.")
+    exports: tuple[str, ...] = param((), "KEY=VALUE environment variables exported before the launch.")
+    setup: tuple[str, ...] = param((), "Shell lines run before the launch, e.g. 'module load cuda/12.4'.")
+    python: str = param("python3", "The Python interpreter on the compute nodes that has gyre_hpc installed.")
+    local_cluster: bool = param(False, "The local emulated cluster (scripts/local-slurm.sh): export Open MPI's "
+                                       "loopback-only TCP settings. Never on a production cluster.")
+
+    def check(self) -> None:
+        from gyre_hpc.slurm.options import check_slurm  # stdlib only: the formats live beside the renderer
+
+        check_slurm(self)
+
+
+@dataclass(frozen=True)
 class GyreConfig:
     """The root: one section per component. Components receive their section, never this object."""
 
@@ -480,6 +510,7 @@ class GyreConfig:
     sim: SimConfig = param(SimConfig(), "Simulator: compared policies, steps, cell physics.")
     proxy: ProxyConfig = param(ProxyConfig(), "The proxy agents call: routing, TITO recording, moves.")
     agent: AgentConfig = param(AgentConfig(), "Synthetic agent workload of live runs (harness).")
+    slurm: SlurmConfig = param(SlurmConfig(), "The sbatch job: partition, time limit, preemption signal, exports.")
 
 
 # ----------------------------------------------------------------------------------------------- loader

@@ -53,10 +53,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the final summary as one JSON object")
     p.add_argument("--sync", action="store_true", help="the synchronous single-engine loop (no cells, no MPI)")
     p.add_argument("--run-dir", help=argparse.SUPPRESS)  # set by the launcher for the ranks
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the layout and the launch commands; start nothing, touch no device")
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)  # fails here, before any process starts
+    if getattr(args, "dry_run", False):
+        return _dry_run(cfg, args)
     if args.sync:
         return _sync(cfg, args)
     if any(k in os.environ for k in MPI_ENV):
@@ -87,9 +91,7 @@ def launch(args: argparse.Namespace, cells: int, run_dir: Path) -> int:
                OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_oob_tcp_if_include="lo",  # loopback only
                OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
                PYTHONPATH=os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p))
-    cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-n", str(1 + cells), sys.executable, "-m",
-           "gyre_hpc.cli", "train", str(Path(args.config).resolve()), "--run-dir", str(run_dir.resolve())]
-    cmd += [a for o in args.overrides for a in ("--set", o)]
+    cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-n", str(1 + cells)] + _rank_command(args, run_dir)
     with open(run_dir / "mpirun.log", "ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=sys.stderr, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
@@ -99,6 +101,34 @@ def launch(args: argparse.Namespace, cells: int, run_dir: Path) -> int:
         except BaseException:
             _stop_ranks(proc, run_dir)
             raise
+
+
+def _rank_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
+    """What every rank runs: this command, in role mode (inside the MPI world), with the same overrides."""
+    cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(Path(args.config).resolve()), "--run-dir",
+           str(run_dir.resolve())]
+    return cmd + [a for o in args.overrides for a in ("--set", o)]
+
+
+def _dry_run(cfg, args: argparse.Namespace) -> int:
+    """The layout (the SLURM job's nodes inside an allocation, else local names) and the launch command."""
+    from gyre_hpc.slurm import env as slurm_env
+    from gyre_hpc.slurm.dryrun import describe
+    from gyre_hpc.slurm.layout import local_nodes, plan, plan_from_env
+
+    run_dir = Path(args.run_dir or f"{cfg.run.out_dir}/{cfg.run.name}-TIMESTAMP")
+    if slurm_env.in_slurm():
+        env = slurm_env.from_environ()
+        layout = plan_from_env(cfg.cluster, env)
+        launch_cmd = ["srun"] + layout.control_srun_args() + _rank_command(args, run_dir)
+        source = f"SLURM job {env.job_id}"
+    else:
+        layout = plan(cfg.cluster, local_nodes(cfg.cluster))
+        launch_cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-n", str(layout.world_size)]
+        launch_cmd += _rank_command(args, run_dir)
+        source = "no SLURM job: local node names, one machine"
+    print(describe(layout, cfg.cluster, source, [launch_cmd]), end="")
+    return 0
 
 
 def _interrupted(signum, frame) -> None:

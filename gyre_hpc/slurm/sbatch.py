@@ -1,0 +1,157 @@
+"""The sbatch script of a training job: a pure function of the config (``render_sbatch``), golden-tested.
+
+What the script does on the cluster (docs/slurm.md)::
+
+    #SBATCH lines            nodes = cluster.cells x cluster.nodes_per_cell, one task per node, GPUs, time, signal
+    cd $SLURM_SUBMIT_DIR     the config path and relative output paths are relative to the submit directory
+    RUN_DIR                  $GYRE_RUN_DIR (gyre submit sets it) or <run.out_dir>/<run.name>-<job id>
+    RANK_NODES               first node (allocator), then the first node of each cell: Layout.rank_nodes
+    srun ... &               ONE pmix world of 1 + K ranks (Layout.control_srun_args) running
+                             `python -m gyre_hpc.cli train CONFIG --run-dir RUN_DIR`; no Ray, MPI is the rendezvous
+    trap SIG/TERM            the batch shell forwards the preemption signal (#SBATCH --signal=B:SIG@s) to the step
+
+Invariants
+- Pure: the same (config, config path, overrides) give the same text; no clock, no environment, no files read.
+- The layout is validated with ``layout.plan`` before anything is rendered: a layout that does not fit raises
+  ``LayoutError`` naming the key to change, and no script is produced.
+- The srun flags are ``Layout.control_srun_args()`` with the node list computed at run time, so the script and
+  the ranks' own placement check agree.
+- Open MPI loopback settings appear only when ``slurm.local_cluster`` is true.
+- The checked-in scripts in sbatch/ equal ``render_sbatch`` of their configs (``python -m gyre_hpc.slurm.sbatch
+  --write`` regenerates them; tests/unit/test_sbatch.py checks).
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from gyre_hpc.slurm.layout import local_nodes, plan
+from gyre_hpc.slurm.options import parse_signal
+
+#: checked-in script -> the config it is rendered from (paths relative to the repository root)
+SCRIPTS = {
+    "sbatch/gyre_2p4t.sh": "configs/gyre_2p4t.yaml",
+    "sbatch/gyre_122b.sh": "configs/gyre_122b.yaml",
+    "sbatch/local_4node.sh": "configs/local_4node.yaml",
+}
+
+#: Open MPI over TCP on the loopback interface: the emulated nodes of scripts/local-slurm.sh share one machine,
+#: and Open MPI's shared-memory transport segfaults across them (docs/slurm-local.md).
+LOCAL_EXPORTS = ("OMPI_MCA_btl=self,tcp", "OMPI_MCA_btl_tcp_if_include=lo", "OMPI_MCA_oob_tcp_if_include=lo",
+                 "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+
+
+def node_count(cfg) -> int:
+    """Nodes the job asks for: every cell's nodes; the allocator shares the first node."""
+    return cfg.cluster.cells * cfg.cluster.nodes_per_cell
+
+
+def render_sbatch(cfg, config_path: str, overrides: Sequence[str] = ()) -> str:
+    """The sbatch script that runs ``gyre train config_path`` (with ``--set`` overrides) for ``cfg``."""
+    layout = plan(cfg.cluster, local_nodes(cfg.cluster))  # LayoutError before anything is rendered
+    return "\n".join(_header(cfg) + _directives(cfg) + _environment(cfg) + _launch(cfg, layout, config_path,
+                                                                                     overrides)) + "\n"
+
+
+def _header(cfg) -> list[str]:
+    c = cfg.cluster
+    gpus = f", {c.gpus_per_node} GPUs each" if c.gpus_per_node else ", CPU only"
+    return [
+        "#!/bin/bash",
+        f"# gyre_hpc training job: {c.cells} cells x {c.nodes_per_cell} node(s) = {node_count(cfg)} nodes{gpus}.",
+        "# Rendered from the config by gyre_hpc.slurm.sbatch (gyre submit CONFIG --dry-run); edit the config's",
+        "# slurm section and re-render rather than editing this file. Adapting it: docs/slurm.md.",
+        "#",
+        "# Rank 0 (the allocator, CPU only) shares the first node with cell 0; rank k+1 leads cell k on the",
+        "# cell's first node. All 1 + K ranks form one MPI world over PMIx: no Ray, no head node.",
+    ]
+
+
+def _directives(cfg) -> list[str]:
+    s, c = cfg.slurm, cfg.cluster
+    sig, seconds = parse_signal(s.signal)
+    out = ["", "# --- resources: every node of every cell, one task per node (the allocator overlaps node 1)",
+           f"#SBATCH --job-name={s.job_name}", f"#SBATCH --nodes={node_count(cfg)}", "#SBATCH --ntasks-per-node=1",
+           f"#SBATCH --cpus-per-task={s.cpus_per_task}"]
+    if c.gpus_per_node:
+        out.append(f"#SBATCH --gpus-per-node={c.gpus_per_node}")
+    if s.mem is not None:
+        out.append(f"#SBATCH --mem={s.mem}")
+    out += ["# --- where: partition and account (absent = the cluster's defaults)"] if (s.partition or s.account) else []
+    out += [f"#SBATCH --partition={s.partition}"] if s.partition else []
+    out += [f"#SBATCH --account={s.account}"] if s.account else []
+    out += ["# --- time limit; SIG" + sig + f" reaches this shell {seconds} s before it, and is forwarded to the step",
+            f"#SBATCH --time={s.time}", f"#SBATCH --signal=B:{sig}@{seconds}",
+            "#SBATCH --requeue" if s.requeue else "#SBATCH --no-requeue",
+            "# --- logs (%x job name, %j job id); the directory must exist when the job starts",
+            f"#SBATCH --output={s.output}", f"#SBATCH --error={s.error}"]
+    if s.extra:
+        out += ["# --- site options (slurm.extra)"] + [f"#SBATCH {e}" for e in s.extra]
+    return out
+
+
+def _environment(cfg) -> list[str]:
+    s = cfg.slurm
+    out = ["", "set -euo pipefail", 'cd "$SLURM_SUBMIT_DIR"']
+    if s.setup:
+        out += ["", "# --- site setup (slurm.setup)"] + list(s.setup)
+    exports = (LOCAL_EXPORTS if s.local_cluster else ()) + s.exports
+    if s.local_cluster:
+        out += ["", "# --- local emulated cluster only: Open MPI over TCP on loopback (slurm.local_cluster)"]
+    elif exports:
+        out += ["", "# --- environment (slurm.exports)"]
+    out += [f"export {k}={shlex.quote(v)}" for k, v in (e.split("=", 1) for e in exports)]
+    return out
+
+
+def _launch(cfg, layout, config_path: str, overrides: Sequence[str]) -> list[str]:
+    c, s = cfg.cluster, cfg.slurm
+    sig, _ = parse_signal(s.signal)
+    run_dir = f"{cfg.run.out_dir}/{cfg.run.name}-$SLURM_JOB_ID"
+    srun = [a if not a.startswith("--nodelist=") else '--nodelist="$RANK_NODES"' for a in layout.control_srun_args()]
+    train = [shlex.quote(s.python), "-m", "gyre_hpc.cli", "train", shlex.quote(config_path), "--run-dir",
+             '"$RUN_DIR"'] + [a for o in overrides for a in ("--set", shlex.quote(o))]
+    return [
+        "", "# --- run directory: gyre submit sets GYRE_RUN_DIR; a plain sbatch uses run.out_dir/run.name-JOBID",
+        f'RUN_DIR="${{GYRE_RUN_DIR:-{run_dir}}}"', 'mkdir -p "$RUN_DIR"',
+        "", f"# --- placement (gyre_hpc.slurm.layout): {c.cells} cells of {c.nodes_per_cell} node(s), in SLURM's "
+            "node order;", "# rank 0 on the first node, rank k+1 on the first node of cell k",
+        'mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+        f"if (( ${{#NODES[@]}} != {node_count(cfg)} )); then",
+        f'  echo "gyre: the job has ${{#NODES[@]}} nodes, the layout needs {node_count(cfg)}" >&2; exit 2', "fi",
+        'RANK_NODES="${NODES[0]}"',
+        f'for ((k = 0; k < {c.cells}; k++)); do RANK_NODES+=",${{NODES[k * {c.nodes_per_cell}]}}"; done',
+        "", f"# --- one srun: the allocator + {c.cells} cell leaders as one pmix world; a rank that dies ends the "
+            "step", "#     (--kill-on-bad-exit) so a failure ends the job instead of hanging it",
+        "srun " + " ".join(srun) + " \\", "  " + " ".join(train) + " &",
+        "STEP=$!",
+        f"trap 'kill -s {sig} $STEP 2>/dev/null || true' {sig}" + (f"\ntrap 'kill -s TERM $STEP 2>/dev/null || "
+                                                                  "true' TERM" if sig != "TERM" else ""),
+        "# wait returns early when a trapped signal arrives: keep waiting until the step has ended",
+        'while kill -0 "$STEP" 2>/dev/null; do wait "$STEP" || true; done',
+        'wait "$STEP"',
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m gyre_hpc.slurm.sbatch --write``: regenerate the checked-in scripts of ``SCRIPTS``."""
+    from gyre_hpc.config import load_config
+    from gyre_hpc.io import atomic_write_text
+
+    p = argparse.ArgumentParser(prog="python -m gyre_hpc.slurm.sbatch", description=main.__doc__)
+    p.add_argument("--write", action="store_true", help="write the scripts (default: list them)")
+    p.add_argument("--root", default=".", help="repository root")
+    args = p.parse_args(argv)
+    for script, config in SCRIPTS.items():
+        if args.write:
+            root = Path(args.root)
+            atomic_write_text(root / script, render_sbatch(load_config(root / config), config))
+        print(f"{script} <- {config}", file=sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

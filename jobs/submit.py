@@ -1,0 +1,64 @@
+"""``gyre submit CONFIG``: render the sbatch script from the config and submit it (or print it with --dry-run).
+
+::
+
+    gyre submit CONFIG --dry-run     prints gyre_hpc.slurm.sbatch.render_sbatch(config) and exits 0
+    gyre submit CONFIG               new run dir <run.out_dir>/<run.name>-TIMESTAMP with config.yaml and job.sbatch,
+                                     then sbatch --parsable (GYRE_RUN_DIR and the log paths point into the run dir)
+                                     and prints the job id
+
+The config (with --set overrides) is loaded and the layout validated before anything is written or submitted.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+
+import yaml
+
+from gyre_hpc.config import load_config, to_dict
+from gyre_hpc.errors import GyreError
+from gyre_hpc.io import atomic_write_text, make_run_dir
+from gyre_hpc.slurm.sbatch import render_sbatch
+
+DESCRIPTION = """\
+Render the SLURM batch script of a training job from its config and submit it with sbatch.
+
+  gyre submit configs/gyre_2p4t.yaml --dry-run          print the script (what sbatch/gyre_2p4t.sh holds)
+  gyre submit configs/local_4node.yaml                  submit to the local emulated cluster
+  gyre submit configs/gyre_122b.yaml --set slurm.partition=gpu --set slurm.time='"12:00:00"'
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="YAML config, e.g. configs/gyre_2p4t.yaml")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (repeatable); passed on to the ranks' gyre train")
+    p.add_argument("--dry-run", action="store_true", help="print the script instead of submitting it")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
+    script = render_sbatch(cfg, args.config, args.overrides)
+    if args.dry_run:
+        print(script, end="")
+        return 0
+    sbatch = shutil.which("sbatch")
+    if sbatch is None:
+        raise GyreError("sbatch not found on PATH: submit from a SLURM login node (or start the local cluster: "
+                        "scripts/local-slurm.sh start); --dry-run prints the script without submitting")
+    run_dir = make_run_dir(cfg.run.out_dir, cfg.run.name).resolve()
+    atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    atomic_write_text(run_dir / "job.sbatch", script)
+    cmd = [sbatch, "--parsable", f"--output={run_dir}/slurm-%j.out", f"--error={run_dir}/slurm-%j.err",
+           f"--export=ALL,GYRE_RUN_DIR={run_dir}", str(run_dir / "job.sbatch")]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+    if done.returncode != 0:
+        raise GyreError(f"sbatch refused the job (exit {done.returncode}): {done.stderr.strip()}; "
+                        f"script: {run_dir / 'job.sbatch'}")
+    job_id = done.stdout.strip().split(";")[0]
+    atomic_write_text(run_dir / "job_id", job_id + "\n")
+    print(f"submitted job {job_id}; run directory {run_dir}")
+    return 0

@@ -1,0 +1,51 @@
+#!/bin/bash
+# gyre_hpc training job: 4 cells x 8 node(s) = 32 nodes, 8 GPUs each.
+# Rendered from the config by gyre_hpc.slurm.sbatch (gyre submit CONFIG --dry-run); edit the config's
+# slurm section and re-render rather than editing this file. Adapting it: docs/slurm.md.
+#
+# Rank 0 (the allocator, CPU only) shares the first node with cell 0; rank k+1 leads cell k on the
+# cell's first node. All 1 + K ranks form one MPI world over PMIx: no Ray, no head node.
+
+# --- resources: every node of every cell, one task per node (the allocator overlaps node 1)
+#SBATCH --job-name=gyre_122b
+#SBATCH --nodes=32
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=64
+#SBATCH --gpus-per-node=8
+#SBATCH --mem=0
+# --- time limit; SIGUSR1 reaches this shell 300 s before it, and is forwarded to the step
+#SBATCH --time=24:00:00
+#SBATCH --signal=B:USR1@300
+#SBATCH --requeue
+# --- logs (%x job name, %j job id); the directory must exist when the job starts
+#SBATCH --output=runs/%x-%j.out
+#SBATCH --error=runs/%x-%j.err
+# --- site options (slurm.extra)
+#SBATCH --exclusive
+
+set -euo pipefail
+cd "$SLURM_SUBMIT_DIR"
+
+# --- run directory: gyre submit sets GYRE_RUN_DIR; a plain sbatch uses run.out_dir/run.name-JOBID
+RUN_DIR="${GYRE_RUN_DIR:-runs/gyre_122b-$SLURM_JOB_ID}"
+mkdir -p "$RUN_DIR"
+
+# --- placement (gyre_hpc.slurm.layout): 4 cells of 8 node(s), in SLURM's node order;
+# rank 0 on the first node, rank k+1 on the first node of cell k
+mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+if (( ${#NODES[@]} != 32 )); then
+  echo "gyre: the job has ${#NODES[@]} nodes, the layout needs 32" >&2; exit 2
+fi
+RANK_NODES="${NODES[0]}"
+for ((k = 0; k < 4; k++)); do RANK_NODES+=",${NODES[k * 8]}"; done
+
+# --- one srun: the allocator + 4 cell leaders as one pmix world; a rank that dies ends the step
+#     (--kill-on-bad-exit) so a failure ends the job instead of hanging it
+srun --ntasks=5 --distribution=arbitrary --nodelist="$RANK_NODES" --overlap --overcommit --mpi=pmix --kill-on-bad-exit=1 \
+  python3 -m gyre_hpc.cli train configs/gyre_122b.yaml --run-dir "$RUN_DIR" &
+STEP=$!
+trap 'kill -s USR1 $STEP 2>/dev/null || true' USR1
+trap 'kill -s TERM $STEP 2>/dev/null || true' TERM
+# wait returns early when a trapped signal arrives: keep waiting until the step has ended
+while kill -0 "$STEP" 2>/dev/null; do wait "$STEP" || true; done
+wait "$STEP"
