@@ -1,6 +1,8 @@
-"""SLURM: the environment of this process (``env``), the cell layout of an allocation (``layout``), and, as
-edge modules added later, sbatch rendering and submitit submission (``submit``).
+"""SLURM: the environment of this process (``env``), the cell layout of an allocation (``layout``), the sbatch
+script rendered from the config (``sbatch``, formats checked in ``options``), the ``gyre train --dry-run`` report
+(``dryrun``), and, as an edge module added later, submitit submission (``submit``).
 
-``env`` and ``layout`` are pure (standard library only): they run and are tested without a cluster.
+``env``, ``layout``, ``options``, ``sbatch`` and ``dryrun`` are pure (standard library only): they run and are
+tested without a cluster. How to adapt the production scripts: docs/slurm.md.
 A real single-machine cluster for the integration tests: ``scripts/local-slurm.sh start`` (docs/slurm-local.md).
 """
