@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -42,11 +41,10 @@ from gyre_hpc.engines import protocol as P
 from gyre_hpc.engines.scheduler import Scheduler
 from gyre_hpc.engines.weights import load_weights_dir
 from gyre_hpc.errors import ConfigError, EngineError, GyreError
-from gyre_hpc.serving import serve_announced
+from gyre_hpc.serving import answer_unless_hung_up, read_json, serve_announced
 
 ENGINE_VERSION = "gyre-local-1"
 HEALTH_TIMEOUT_S = 20.0
-DISCONNECT_POLL_S = 0.25
 
 
 def _error(exc: Exception, status: int = 400) -> JSONResponse:
@@ -54,13 +52,7 @@ def _error(exc: Exception, status: int = 400) -> JSONResponse:
 
 
 async def _json(request: Request) -> object:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise P.ProtocolError("body", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    return await read_json(request, lambda message: P.ProtocolError("body", message))
 
 
 class LocalEngine:
@@ -117,13 +109,9 @@ class LocalEngine:
     async def generate(self, request: Request):
         req = P.parse_generate(await _json(request), self.s.policy.vocab_size, self.cfg.default_max_new_tokens)
         future = self.s.submit(req)
-        while True:  # a caller that hangs up (timeout, cancelled run) frees its slot, as in SGLang
-            done, _ = await asyncio.wait({future}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return JSONResponse(future.result())
-            if await request.is_disconnected():
-                self.s.abort(req.rid, message="client disconnected")
-                return Response(status_code=499)
+        # a caller that hangs up (timeout, cancelled run) frees its slot, as in SGLang
+        return await answer_unless_hung_up(request, future,
+                                           lambda: self.s.abort(req.rid, message="client disconnected"))
 
     async def abort_request(self, request: Request):
         rid, abort_all = P.parse_abort(await _json(request))

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import sys
 import time
@@ -32,27 +31,20 @@ from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 
 from gyre_hpc.config import ProxyConfig, load_config
 from gyre_hpc.errors import GyreError
 from gyre_hpc.proxy.routing import ProxyError
 from gyre_hpc.proxy.service import ProxyService
-from gyre_hpc.serving import serve_announced
+from gyre_hpc.serving import answer_unless_hung_up, read_json, serve_announced
 from gyre_hpc.trajectory.records import Outcome, RunStatus
 
-DISCONNECT_POLL_S = 0.25
 PROXY_VERSION = "gyre-proxy-1"
 
 
 async def _json(request: Request) -> Any:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ProxyError(f"body: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    return await read_json(request, lambda message: ProxyError(f"body: {message}"))
 
 
 def _fields(body: Any, required: Sequence[str], optional: Sequence[str] = ()) -> dict:
@@ -129,15 +121,13 @@ class ProxyServer:
 
     async def generate(self, request: Request):
         task = asyncio.ensure_future(self.service.generate(await _json(request)))
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return JSONResponse(task.result())
-            if await request.is_disconnected():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, GyreError):
-                    await task
-                return Response(status_code=499)
+
+        async def cancel() -> None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, GyreError):
+                await task
+
+        return await answer_unless_hung_up(request, task, cancel)
 
     async def abort_request(self, request: Request):
         body = _fields(await _json(request), (), ("rid", "abort_all"))

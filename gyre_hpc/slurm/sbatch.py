@@ -128,7 +128,7 @@ def _launch(cfg, layout, config_path: str, overrides: Sequence[str]) -> list[str
             "step", "#     (--kill-on-bad-exit) so a failure ends the job instead of hanging it",
         "srun " + " ".join(srun) + " \\", "  " + " ".join(train) + " &",
         "STEP=$!",
-        f"trap 'kill -s {sig} $STEP 2>/dev/null || true' {sig}" + (f"\ntrap 'kill -s TERM $STEP 2>/dev/null || "
+        f"trap 'kill -s {sig} $STEP 2>/dev/null || true' {sig}" + ("\ntrap 'kill -s TERM $STEP 2>/dev/null || "
                                                                   "true' TERM" if sig != "TERM" else ""),
         "# wait returns early when a trapped signal arrives: keep waiting until the step has ended",
         'while kill -0 "$STEP" 2>/dev/null; do wait "$STEP" || true; done',
