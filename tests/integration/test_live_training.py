@@ -6,18 +6,13 @@ the data-plane hub; ranks 1-3 run real local engines, the core's megatron traine
 pull the core's weights over Mooncake. Nothing is stubbed.
 """
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from gyre_hpc.allocator.eventlog import read_events
 from gyre_hpc.trajectory.records import read_tito
+from live_run import run_live
 from slurm_cluster import mpirun  # noqa: F401  (fixture)
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow]
 
 OVERRIDES = [
@@ -29,23 +24,7 @@ OVERRIDES = [
 
 @pytest.fixture(scope="module")
 def live_run(mpirun, tmp_path_factory):
-    out = tmp_path_factory.mktemp("live")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(ROOT / "configs" / "local.yaml"), "--json",
-           "--set", f"run.out_dir={out}"] + [a for o in OVERRIDES for a in ("--set", o)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    try:
-        stdout, stderr = proc.communicate(timeout=480)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # gyre train dumps every rank's stacks to RUN_DIR/traces/ and ends mpirun's session
-        stdout, stderr = proc.communicate(timeout=60)
-        traces = "".join(p.read_text()[-3000:] for p in out.glob("*/traces/*.txt"))
-        pytest.fail(f"the live run did not finish in 480 s; stacks of its ranks:\n{traces}\n{stderr[-3000:]}")
-    assert proc.returncode == 0, stderr[-4000:]
-    proc = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    return summary, Path(summary["run_dir"]), proc.stderr
+    return run_live(tmp_path_factory.mktemp("live"), OVERRIDES)
 
 
 def test_live_run_trains_the_requested_steps_and_shuts_down_in_order(live_run):

@@ -1,0 +1,30 @@
+"""Run ``gyre train configs/local.yaml --json`` the way a user does (it launches mpirun itself) for a test."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 480
+
+
+def run_live(out: Path, overrides: list[str]) -> tuple[dict, Path, str]:
+    """(summary, run directory, stderr) of a live run under ``out``; on a timeout the test fails with the ranks' stacks."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(ROOT / "configs" / "local.yaml"), "--json",
+           "--set", f"run.out_dir={out}"] + [a for o in overrides for a in ("--set", o)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # gyre train dumps every rank's stacks to RUN_DIR/traces/ and ends mpirun's session
+        stdout, stderr = proc.communicate(timeout=60)
+        traces = "".join(p.read_text()[-3000:] for p in out.glob("*/traces/*.txt"))
+        pytest.fail(f"the live run did not finish in {TIMEOUT_S} s; stacks of its ranks:\n{traces}\n{stderr[-3000:]}")
+    assert proc.returncode == 0, stderr[-4000:]
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    return summary, Path(summary["run_dir"]), stderr
