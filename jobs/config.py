@@ -6,6 +6,7 @@ import argparse
 import yaml
 
 from gyre_hpc.config import explain, load_config, to_dict
+from jobs import add_overrides
 
 
 DESCRIPTION = """\
@@ -21,8 +22,7 @@ Examples:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=["explain", "show"], help="what to print")
     p.add_argument("config", nargs="?", help="YAML config (for show; defaults when omitted)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set trajectory.j_max=3 (repeatable)")
+    add_overrides(p, "trajectory.j_max=3")
 
 
 def run(args: argparse.Namespace) -> int:

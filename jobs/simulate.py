@@ -9,6 +9,7 @@ from pathlib import Path
 from gyre_hpc.allocator.sim.compare import compare, validate_all
 from gyre_hpc.allocator.sim.sweep import parse_axes, run_grid, write_tables
 from gyre_hpc.config import load_config
+from jobs import add_overrides
 
 DESCRIPTION = """\
 Simulate the configured policies (sim.policies) on one workload in virtual time and compare them:
@@ -26,8 +27,7 @@ Examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="YAML config (e.g. configs/sim/paper_2p4t.yaml)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set scheduler.theta=0.25 (repeatable)")
+    add_overrides(p, "scheduler.theta=0.25")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--plot", metavar="DIR", help="write PNG plots (role timelines, query durations, staleness)")
     p.add_argument("--sweep", action="append", default=[], metavar="KEY=A,B,C",

@@ -22,6 +22,7 @@ from gyre_hpc.config import load_config, to_dict
 from gyre_hpc.errors import GyreError
 from gyre_hpc.io import atomic_write_text, make_run_dir
 from gyre_hpc.slurm.sbatch import render_sbatch
+from jobs import add_overrides
 
 DESCRIPTION = """\
 Render the SLURM batch script of a training job from its config and submit it with sbatch.
@@ -34,8 +35,7 @@ Render the SLURM batch script of a training job from its config and submit it wi
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="YAML config, e.g. configs/gyre_2p4t.yaml")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key (repeatable); passed on to the ranks' gyre train")
+    add_overrides(p, "slurm.partition=gpu", "; passed on to the ranks' gyre train")
     p.add_argument("--dry-run", action="store_true", help="print the script instead of submitting it")
 
 

@@ -31,6 +31,7 @@ import yaml
 from gyre_hpc.config import load_config, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
 from gyre_hpc.io import atomic_write_json, atomic_write_text, make_run_dir
+from jobs import add_overrides
 
 DESCRIPTION = """\
 Run RL training with elastic cells (rank 0 allocator + one rank per cell, launched with mpirun).
@@ -48,8 +49,7 @@ MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="YAML config, e.g. configs/local.yaml")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key (repeatable), e.g. --set allocator.steps=4")
+    add_overrides(p, "allocator.steps=4")
     p.add_argument("--json", action="store_true", help="print the final summary as one JSON object")
     p.add_argument("--sync", action="store_true", help="the synchronous single-engine loop (no cells, no MPI)")
     p.add_argument("--run-dir", help=argparse.SUPPRESS)  # set by the launcher for the ranks

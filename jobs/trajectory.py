@@ -14,6 +14,7 @@ from gyre_hpc.config import load_config
 from gyre_hpc.trajectory.pipeline import STATS_KEYS, build_batch, plan, save_packed
 from gyre_hpc.trajectory.records import read_tito, write_tito
 from gyre_hpc.trajectory.synth import DEFAULTS, KNOB_DOCS, synth_log
+from jobs import add_overrides
 
 DESCRIPTION = """\
 gyre trajectory stats FILE [--j-max N|null] [--json]   runs, calls, paths, tokens (flat vs tree), exclusions
@@ -30,8 +31,7 @@ Examples:
 
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML config (its trajectory section is used; defaults when omitted)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set trajectory.selection=final_then_longest")
+    add_overrides(p, "trajectory.selection=final_then_longest")
     p.add_argument("--j-max", dest="j_max", metavar="N", help="paths per run (an integer, or null = unlimited)")
 
 
