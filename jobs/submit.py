@@ -7,7 +7,9 @@
                                      then sbatch --parsable (GYRE_RUN_DIR and the log paths point into the run dir)
                                      and prints the job id
 
-The config (with --set overrides) is loaded and the layout validated before anything is written or submitted.
+The config (with --set overrides) is loaded and the layout validated before anything is written or submitted;
+then ``sbatch --test-only`` asks the cluster whether it can ever run the script (more nodes than the partition
+has, GPUs it does not have): a refusal is a ``LayoutError`` naming the keys, and nothing is written or queued.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import subprocess
 import yaml
 
 from gyre_hpc.config import load_config, to_dict
-from gyre_hpc.errors import GyreError
+from gyre_hpc.errors import GyreError, LayoutError
 from gyre_hpc.io import atomic_write_text, make_run_dir
 from gyre_hpc.slurm.sbatch import render_sbatch
 from jobs import add_overrides
@@ -49,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if sbatch is None:
         raise GyreError("sbatch not found on PATH: submit from a SLURM login node (or start the local cluster: "
                         "scripts/local-slurm.sh start); --dry-run prints the script without submitting")
+    _check_fits(sbatch, cfg, script)
     run_dir = make_run_dir(cfg.run.out_dir, cfg.run.name).resolve()
     atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
     atomic_write_text(run_dir / "job.sbatch", script)
@@ -62,3 +65,16 @@ def run(args: argparse.Namespace) -> int:
     atomic_write_text(run_dir / "job_id", job_id + "\n")
     print(f"submitted job {job_id}; run directory {run_dir}")
     return 0
+
+
+def _check_fits(sbatch: str, cfg, script: str) -> None:
+    """``sbatch --test-only``: SLURM's own verdict on the script's resources, before anything is written."""
+    done = subprocess.run([sbatch, "--test-only"], input=script, capture_output=True, text=True, timeout=60)
+    if done.returncode == 0:
+        return
+    c, s = cfg.cluster, cfg.slurm
+    why = " ".join(line.strip() for line in done.stderr.splitlines() if line.strip()) or f"exit {done.returncode}"
+    raise LayoutError(f"the cluster cannot run this job ({why}): it asks for cluster.cells={c.cells} x "
+                      f"cluster.nodes_per_cell={c.nodes_per_cell} = {c.cells * c.nodes_per_cell} nodes with "
+                      f"cluster.gpus_per_node={c.gpus_per_node} GPUs each in slurm.partition="
+                      f"{s.partition or '(default)'}; change those keys (sinfo shows what the cluster has)")

@@ -168,19 +168,31 @@ def _rank(cfg, args: argparse.Namespace) -> int:
         raise ConfigError("inside an MPI world, gyre train needs --run-dir (the launcher sets it)")
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    _check_placement(cfg)
     transport = MpiTransport(1 + cfg.cluster.cells)
     _traceback_on_signal(run_dir / "traces" / f"rank{transport.rank}.txt")
     comm = open_data_comm()
     if transport.rank == 0:
         from gyre_hpc.runtime.root import run_root
 
-        run_root(cfg, run_dir, transport, comm)
+        _print(run_root(cfg, run_dir, transport, comm), args.json)  # the job's output ends with the summary
     else:
         from gyre_hpc.cell.runner import CellRunner
 
         proxy_url = comm.bcast(None, root=0)
         CellRunner(cfg, run_dir, transport, comm, proxy_url).run()
     return 0
+
+
+def _check_placement(cfg) -> None:
+    """Inside a SLURM step: this rank runs where the layout puts it (world size, SLURMD_NODENAME), else a
+    LayoutError naming the key, before MPI starts (every rank fails alike, so the step ends at once)."""
+    from gyre_hpc.slurm import env as slurm_env
+    from gyre_hpc.slurm.layout import plan_from_env
+
+    env = slurm_env.from_environ() if slurm_env.in_slurm() else None
+    if env is not None and env.step_id is not None:  # srun's ranks; mpirun's ranks have no SLURM variables
+        plan_from_env(cfg.cluster, env).placement_from_env(env)
 
 
 def _traceback_on_signal(path: Path) -> None:

@@ -44,7 +44,7 @@ for ((k = 0; k < 4; k++)); do RANK_NODES+=",${NODES[k * 48]}"; done
 # --- one srun: the allocator + 4 cell leaders as one pmix world; a rank that dies ends the step
 #     (--kill-on-bad-exit) so a failure ends the job instead of hanging it
 srun --ntasks=5 --distribution=arbitrary --nodelist="$RANK_NODES" --overlap --overcommit --mpi=pmix --kill-on-bad-exit=1 \
-  python3 -m gyre_hpc.cli train configs/gyre_2p4t.yaml --run-dir "$RUN_DIR" &
+  python3 -m gyre_hpc.cli train configs/gyre_2p4t.yaml --run-dir "$RUN_DIR" "$@" &
 STEP=$!
 trap 'kill -s USR1 $STEP 2>/dev/null || true' USR1
 trap 'kill -s TERM $STEP 2>/dev/null || true' TERM

@@ -20,6 +20,9 @@ Invariants (tests/integration/test_live_training.py)
 - Only the core reports training progress; it reports a step only in TRAIN (or while leaving it), so the
   allocator never sees progress from a rolling-out cell.
 - A group taken from the hub is finished (its gradients reach the core) before any switch is carried out.
+- A satellite's weight pull that fails after Shutdown came (the core closed its weights when the run ended) ends
+  the cell in order (Bye) instead of crashing the rank, which would fail the whole SLURM step
+  (tests/integration/test_slurm_live.py); a pull that fails while the run goes on still raises.
 """
 from __future__ import annotations
 
@@ -34,9 +37,14 @@ from gyre_hpc.cell import dataplane as dp
 from gyre_hpc.cell.rollout import RolloutSide
 from gyre_hpc.cell.training import CoreTrainer, SatelliteTrainer
 from gyre_hpc.config import GyreConfig
+from gyre_hpc.errors import TransferError
 from gyre_hpc.io import atomic_write_json
 
 CORE = 0  # the allocator's core cell (AllocatorServer's default)
+
+
+class _RunOver(Exception):
+    """A weight pull failed because the run ended meanwhile (Shutdown is in the stash)."""
 
 
 class CellRunner:
@@ -108,7 +116,10 @@ class CellRunner:
         if order.role is Role.TRAIN:
             if self.rollout.running:
                 timing.update(self._busy(self.rollout.leave))
-            timing.update(self._become_trainer())
+            try:
+                timing.update(self._become_trainer())
+            except _RunOver:
+                return  # Shutdown is next in the stash
         else:
             if self.is_core:
                 self._report(0)
@@ -129,7 +140,7 @@ class CellRunner:
             self.trainer = self._busy(SatelliteTrainer, self.cfg, self.run_dir)
             timing["trainer_init_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        pulled = self._busy(self.trainer.ensure)
+        pulled = self._pull()
         timing["weight_pull_s"] = time.perf_counter() - t0
         timing["pulled_version"] = -1 if pulled is None else pulled["version"]
         return timing
@@ -146,7 +157,10 @@ class CellRunner:
             return
         t0 = time.perf_counter()
         if not self.is_core:
-            self._busy(self.trainer.ensure, version)
+            try:
+                self._pull(version)
+            except _RunOver:
+                return
         z, grads, loss = self.trainer.grads(group)
         seconds = time.perf_counter() - t0
         lag = dp.lag_stats(group.batch, version)
@@ -156,6 +170,18 @@ class CellRunner:
         else:
             self._send_data({"version": version, "gid": group.gid, "z": z, "grads": grads, "loss": loss,
                              "lag": lag, "seconds": seconds}, CORE + 1, dp.GRADS)
+
+    def _pull(self, version: int | None = None) -> dict | None:
+        """Satellite: the core's weights (``SatelliteTrainer.ensure``); ``_RunOver`` when the pull failed because
+        Shutdown came meanwhile (the core closes its weights when the run ends), any other failure raises."""
+        try:
+            return self._busy(self.trainer.ensure, version)
+        except TransferError:
+            while (order := self.link.next_order(0.0)) is not None:
+                self.stash.append(order)
+            if any(isinstance(o, Shutdown) for o in self.stash):
+                raise _RunOver from None
+            raise
 
     def _send_data(self, payload: dict, dest: int, tag: int) -> None:
         """Send without blocking the heartbeats (a large message waits until the core receives it)."""

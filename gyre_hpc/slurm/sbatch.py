@@ -7,7 +7,8 @@ What the script does on the cluster (docs/slurm.md)::
     RUN_DIR                  $GYRE_RUN_DIR (gyre submit sets it) or <run.out_dir>/<run.name>-<job id>
     RANK_NODES               first node (allocator), then the first node of each cell: Layout.rank_nodes
     srun ... &               ONE pmix world of 1 + K ranks (Layout.control_srun_args) running
-                             `python -m gyre_hpc.cli train CONFIG --run-dir RUN_DIR`; no Ray, MPI is the rendezvous
+                             `python -m gyre_hpc.cli train CONFIG --run-dir RUN_DIR "$@"`; no Ray, MPI is the
+                             rendezvous; the script's arguments go to gyre train (``sbatch SCRIPT --set a.b=c``)
     trap SIG/TERM            the batch shell forwards the preemption signal (#SBATCH --signal=B:SIG@s) to the step
 
 Invariants
@@ -113,7 +114,7 @@ def _launch(cfg, layout, config_path: str, overrides: Sequence[str]) -> list[str
     run_dir = f"{cfg.run.out_dir}/{cfg.run.name}-$SLURM_JOB_ID"
     srun = [a if not a.startswith("--nodelist=") else '--nodelist="$RANK_NODES"' for a in layout.control_srun_args()]
     train = [shlex.quote(s.python), "-m", "gyre_hpc.cli", "train", shlex.quote(config_path), "--run-dir",
-             '"$RUN_DIR"'] + [a for o in overrides for a in ("--set", shlex.quote(o))]
+             '"$RUN_DIR"'] + [a for o in overrides for a in ("--set", shlex.quote(o))] + ['"$@"']
     return [
         "", "# --- run directory: gyre submit sets GYRE_RUN_DIR; a plain sbatch uses run.out_dir/run.name-JOBID",
         f'RUN_DIR="${{GYRE_RUN_DIR:-{run_dir}}}"', 'mkdir -p "$RUN_DIR"',
