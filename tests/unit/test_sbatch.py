@@ -71,7 +71,20 @@ def test_unset_partition_account_and_mem_write_no_directive_and_set_ones_do():
 def test_overrides_reach_the_ranks_command_line_quoted():
     cfg = load_config(None, ["allocator.steps=3"])
     text = render_sbatch(cfg, "my configs/x.yaml", ["allocator.steps=3"])
-    assert "train 'my configs/x.yaml' --run-dir \"$RUN_DIR\" --set allocator.steps=3 &" in text
+    assert "train 'my configs/x.yaml' --run-dir \"$RUN_DIR\" --set allocator.steps=3 \"$@\" &" in text
+
+
+def test_the_scripts_own_arguments_reach_gyre_train_after_the_config_overrides(tmp_path):
+    """``sbatch SCRIPT --set a.b=c --json``: "$@" ends the ranks' command, each argument one word."""
+    text = render_sbatch(load_config(None), "c.yaml", ["allocator.steps=3"])
+    (srun,) = [i for i, line in enumerate(text.splitlines()) if line.startswith("srun ")]
+    command = text.splitlines()[srun + 1].rstrip(" &")
+    script = tmp_path / "echo.sh"
+    script.write_text(f'RUN_DIR=r\nfor a in {command.replace("python3 -m gyre_hpc.cli", "")}; do echo "[$a]"; done\n')
+    done = subprocess.run(["bash", str(script), "--set", "agent.turns=[1, 2]", "--json"], capture_output=True,
+                          text=True, check=True)
+    assert done.stdout.split("\n")[-6:-1] == ["[--set]", "[allocator.steps=3]", "[--set]", "[agent.turns=[1, 2]]",
+                                              "[--json]"]
 
 
 def test_render_is_pure_same_input_same_text():
