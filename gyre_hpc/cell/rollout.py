@@ -37,7 +37,7 @@ class RolloutSide:
 
     def start(self) -> dict:
         """Start and register the engine; returns the timing (engine_start_s, register_s)."""
-        from gyre_hpc.engines.launch import free_port, start_engine
+        from gyre_hpc.engines.launch import start_engine_on_free_port
         from gyre_hpc.proxy.client import ProxyClient
 
         t0 = time.perf_counter()
@@ -48,8 +48,8 @@ class RolloutSide:
                                          initial_weight_version=str(latest["version"]))
         self.starts += 1
         logs = self.run_dir / "cells" / f"cell{self.cell}"
-        self.handle = start_engine(engine, self.cfg.model, seed=self.cfg.run.seed, port=free_port(engine.host),
-                                   log_path=logs / f"engine-{self.starts}.log")
+        self.handle = start_engine_on_free_port(engine, self.cfg.model, seed=self.cfg.run.seed,
+                                                log_path=logs / f"engine-{self.starts}.log")
         self.client = self.handle.client(timeout=engine.request_timeout_s)
         self.version = int(self.client.weight_version())
         t1 = time.perf_counter()

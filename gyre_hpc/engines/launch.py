@@ -10,6 +10,8 @@ Invariants
 - ``EngineHandle.stop()`` ends exactly the process it started, by PID: SIGTERM, then SIGKILL after a grace period.
 - An engine never inherits the caller's torch.distributed rendezvous variables (``DIST_ENV``): started from a
   trainer process it still forms its own one-process world.
+- ``start_engine_on_free_port`` retries on another free port only when the engine could not bind its port
+  (another process took it between ``free_port`` and the bind); any other failure raises at once.
 """
 from __future__ import annotations
 
@@ -137,6 +139,22 @@ def sglang_command(engine_cfg: EngineConfig, port: int) -> list[str]:
             "--max-running-requests", str(engine_cfg.max_running_requests),
             "--context-length", str(engine_cfg.context_len),
             "--weight-version", engine_cfg.initial_weight_version, *engine_cfg.sglang_args]
+
+
+#: what the engine's log says when another process took its port first (uvicorn: "[Errno 98] ... address already in use")
+PORT_TAKEN = "address already in use"
+
+
+def start_engine_on_free_port(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0,
+                              log_path: str | Path | None = None, tries: int = 3) -> EngineHandle:
+    """``start_engine`` on a port that ``free_port`` found free. On a shared machine another process can bind it
+    before the engine does (seen in live runs); then the engine exits and another port is tried, ``tries`` times."""
+    for attempt in range(1, tries + 1):
+        try:
+            return start_engine(engine_cfg, model_cfg, seed, port=free_port(engine_cfg.host), log_path=log_path)
+        except EngineError as exc:
+            if PORT_TAKEN not in str(exc).splitlines()[-1] or attempt == tries:
+                raise
 
 
 def start_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0, index: int = 0,
