@@ -36,12 +36,15 @@ def script(command: str, env: dict | None = None, timeout: float = 900) -> subpr
 
 @pytest.fixture(scope="session")
 def local_slurm():
-    started = script("status").returncode != 0
-    if started:
+    started = False
+    if script("status").returncode != 0:
         out = script("start")
         if out.returncode != 0:
             pytest.fail(f"the local SLURM cluster could not start (scripts/local-slurm.sh start, exit "
                         f"{out.returncode}):\n{out.stdout}{out.stderr}", pytrace=False)
+        # a status check can fail on a loaded machine while the cluster is up: start then says so, and this
+        # session must not stop a cluster that other sessions are using
+        started = "already running" not in out.stdout
     exports = dict(re.findall(r"export (\w+)=(\S+)", script("env").stdout))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SLURM_CONF", exports["SLURM_CONF"])
