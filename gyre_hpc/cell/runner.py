@@ -41,6 +41,7 @@ from gyre_hpc.errors import TransferError
 from gyre_hpc.io import atomic_write_json
 
 CORE = 0  # the allocator's core cell (AllocatorServer's default)
+SHUTDOWN_LOOK_S = 5.0  # after a failed weight pull: how long to look for a Shutdown that explains it
 
 
 class _RunOver(Exception):
@@ -177,8 +178,12 @@ class CellRunner:
         try:
             return self._busy(self.trainer.ensure, version)
         except TransferError:
-            while (order := self.link.next_order(0.0)) is not None:
-                self.stash.append(order)
+            # the Shutdown may sit unread in MPI (no progress during the pull): look for a while, not just once
+            deadline = time.monotonic() + SHUTDOWN_LOOK_S
+            while not any(isinstance(o, Shutdown) for o in self.stash) and time.monotonic() < deadline:
+                self.link.beat()
+                if (order := self.link.next_order(0.05)) is not None:
+                    self.stash.append(order)
             if any(isinstance(o, Shutdown) for o in self.stash):
                 raise _RunOver from None
             raise

@@ -13,6 +13,7 @@ from gyre_hpc.allocator.cell_link import CellLink
 from gyre_hpc.allocator.messages import Shutdown, SwitchTo
 from gyre_hpc.allocator.transport import InProcessWorld
 from gyre_hpc.allocator.types import Role
+from gyre_hpc.cell import runner as runner_module
 from gyre_hpc.cell.runner import CellRunner, _RunOver
 from gyre_hpc.errors import TransferError
 
@@ -46,7 +47,8 @@ def test_a_pull_failing_after_shutdown_came_is_the_end_of_the_run_not_a_crash():
     assert [type(o) for o in runner.stash] == [Shutdown]  # the loop's next order: Bye follows
 
 
-def test_a_pull_failing_while_the_run_goes_on_still_raises():
+def test_a_pull_failing_while_the_run_goes_on_still_raises(monkeypatch):
+    monkeypatch.setattr(runner_module, "SHUTDOWN_LOOK_S", 0.3)
     runner = satellite(InProcessWorld(3))
     with pytest.raises(TransferError, match="Mooncake read failed"):
         runner._pull(2)
