@@ -17,7 +17,8 @@
 #SBATCH --time=48:00:00
 #SBATCH --signal=B:USR1@600
 #SBATCH --requeue
-# --- logs (%x job name, %j job id); the directory must exist when the job starts
+# --- logs (%x job name, %j job id); the directory must exist when the job starts; a requeued job appends
+#SBATCH --open-mode=append
 #SBATCH --output=runs/%x-%j.out
 #SBATCH --error=runs/%x-%j.err
 
@@ -44,10 +45,21 @@ for ((k = 0; k < 4; k++)); do RANK_NODES+=",${NODES[k * 48]}"; done
 # --- one srun: the allocator + 4 cell leaders as one pmix world; a rank that dies ends the step
 #     (--kill-on-bad-exit) so a failure ends the job instead of hanging it
 srun --ntasks=5 --distribution=arbitrary --nodelist="$RANK_NODES" --overlap --overcommit --mpi=pmix --kill-on-bad-exit=1 \
-  python3 -m gyre_hpc.cli train configs/gyre_2p4t.yaml --run-dir "$RUN_DIR" &
+  python3 -m gyre_hpc.cli train configs/gyre_2p4t.yaml --run-dir "$RUN_DIR" "$@" &
 STEP=$!
 trap 'kill -s USR1 $STEP 2>/dev/null || true' USR1
 trap 'kill -s TERM $STEP 2>/dev/null || true' TERM
 # wait returns early when a trapped signal arrives: keep waiting until the step has ended
 while kill -0 "$STEP" 2>/dev/null; do wait "$STEP" || true; done
-wait "$STEP"
+RC=0; wait "$STEP" || RC=$?
+
+# --- preempted (exit 75: checkpoint and resume state in $RUN_DIR): requeue this job, at most 3 times;
+#     the same job id gives the same RUN_DIR, and the requeued ranks resume from it
+if (( RC == 75 )); then
+  if (( ${SLURM_RESTART_COUNT:-0} < 3 )) && scontrol requeue "$SLURM_JOB_ID"; then
+    echo "gyre: preempted; job $SLURM_JOB_ID requeued (restart $(( ${SLURM_RESTART_COUNT:-0} + 1 )) of 3)" >&2
+    exit 0
+  fi
+  echo "gyre: preempted; the resume state is in $RUN_DIR: continue with gyre train configs/gyre_2p4t.yaml --resume $RUN_DIR" >&2
+fi
+exit "$RC"

@@ -71,7 +71,7 @@ def test_unset_partition_account_and_mem_write_no_directive_and_set_ones_do():
 def test_overrides_reach_the_ranks_command_line_quoted():
     cfg = load_config(None, ["allocator.steps=3"])
     text = render_sbatch(cfg, "my configs/x.yaml", ["allocator.steps=3"])
-    assert "train 'my configs/x.yaml' --run-dir \"$RUN_DIR\" --set allocator.steps=3 &" in text
+    assert "train 'my configs/x.yaml' --run-dir \"$RUN_DIR\" --set allocator.steps=3 \"$@\" &" in text
 
 
 def test_render_is_pure_same_input_same_text():
