@@ -28,7 +28,7 @@ STEPS = 3
 ARGS = ["--set", f"allocator.steps={STEPS}", "--set", "scheduler.policy=async", "--set",
         "scheduler.async_train_cells=1", "--set", "scheduler.batch_groups=2", "--set", "agent.runs_per_group=2",
         "--set", "agent.turns=[1, 2]", "--set", "allocator.hello_timeout_s=300", "--set",
-        "allocator.heartbeat_timeout_s=300"]
+        "allocator.heartbeat_timeout_s=300", "--set", "proxy.startup_timeout_s=180"]
 TIMEOUT_S = 900
 
 
@@ -58,14 +58,18 @@ def steps_done(run_dir: Path) -> int:
     return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
-def first_step(job_id: str, run_dir: Path) -> None:
-    wait_until(lambda: steps_done(run_dir) >= 1 or "JobState=RUNNING" not in job(job_id), "the first step")
-    assert "JobState=RUNNING" in job(job_id), job(job_id)
+def ended(job_id: str) -> bool:
+    return not re.search(r"JobState=(PENDING|RUNNING|CONFIGURING)", job(job_id))
+
+
+def first_step(job_id: str, run_dir: Path, out: Path) -> None:
+    wait_until(lambda: steps_done(run_dir) >= 1 or ended(job_id), "the first step")
+    assert "JobState=RUNNING" in job(job_id), (job(job_id), out.read_text()[-3000:] if out.exists() else "")
 
 
 def test_usr1_to_the_batch_shell_preempts_requeues_and_the_same_job_resumes_to_the_end(local_slurm, tmp_path):
     job_id, run_dir, out = submit(tmp_path)
-    first_step(job_id, run_dir)
+    first_step(job_id, run_dir, out)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
     wait_until(lambda: "Restarts=1" in job(job_id) and "JobState=PENDING" in job(job_id), "the requeue")
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
@@ -87,7 +91,7 @@ def test_usr1_to_the_batch_shell_preempts_requeues_and_the_same_job_resumes_to_t
 
 def test_plain_scancel_cancels_without_requeue_and_leaves_a_resumable_state(local_slurm, tmp_path):
     job_id, run_dir, out = submit(tmp_path)
-    first_step(job_id, run_dir)
+    first_step(job_id, run_dir, out)
     subprocess.run(["scancel", job_id], check=True)
     state, _ = wait_for(job_id, 60)
     assert state == "CANCELLED" and "Restarts=0" in job(job_id)
