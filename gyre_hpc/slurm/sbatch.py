@@ -125,7 +125,7 @@ def _launch(cfg, layout, config_path: str, overrides: Sequence[str]) -> list[str
              '"$RUN_DIR"'] + [a for o in overrides for a in ("--set", shlex.quote(o))] + ['"$@"']
     return [
         "", "# --- run directory: gyre submit sets GYRE_RUN_DIR; a plain sbatch uses run.out_dir/run.name-JOBID",
-        f'RUN_DIR="${{GYRE_RUN_DIR:-{run_dir}}}"', 'mkdir -p "$RUN_DIR"',
+        f'RUN_DIR="${{GYRE_RUN_DIR:-{run_dir}}}"', 'mkdir -p "$RUN_DIR"', 'touch "$RUN_DIR/.step-start"',
         "", f"# --- placement (gyre_hpc.slurm.layout): {c.cells} cells of {c.nodes_per_cell} node(s), in SLURM's "
             "node order;", "# rank 0 on the first node, rank k+1 on the first node of cell k",
         'mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
@@ -156,7 +156,9 @@ def _requeue(s, config_path: str) -> list[str]:
     return [
         "", f"# --- preempted (exit {PREEMPTED_EXIT}: checkpoint and resume state in $RUN_DIR): requeue this job, at "
             f"most {n} times;", "#     the same job id gives the same RUN_DIR, and the requeued ranks resume from it",
-        f"if (( RC == {PREEMPTED_EXIT} )); then",
+        "#     (srun may report 143 when --kill-on-bad-exit ended a rank that was exiting 75 itself: the resume",
+        "#     state this step wrote is the proof)",
+        f'if (( RC == {PREEMPTED_EXIT} )) || [[ "$RUN_DIR/resume/state.json" -nt "$RUN_DIR/.step-start" ]]; then',
         f'  if (( ${{SLURM_RESTART_COUNT:-0}} < {n} )) && scontrol requeue "$SLURM_JOB_ID"; then',
         f'    echo "gyre: preempted; job $SLURM_JOB_ID requeued (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of '
         f'{n})" >&2',

@@ -61,6 +61,7 @@ def preempted(mpirun, tmp_path_factory):
     proc.send_signal(signal.SIGTERM)
     code, stdout, stderr = finish(proc)
     (run_dir,) = out.glob("preempt-*")
+    assert code == PREEMPTED_EXIT and (run_dir / "resume").is_dir(), f"exit {code}:\n{stderr[-4000:]}"
     saved = torch.load(run_dir / "resume" / "checkpoint" / "rank000.pt", weights_only=False)
     model = {k: v for k, v in saved["model"].items() if isinstance(v, torch.Tensor)}
     return code, stdout, stderr, run_dir, json.loads((run_dir / "resume" / "state.json").read_text()), \

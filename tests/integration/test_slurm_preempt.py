@@ -59,7 +59,7 @@ def steps_done(run_dir: Path) -> int:
 
 
 def ended(job_id: str) -> bool:
-    return not re.search(r"JobState=(PENDING|RUNNING|CONFIGURING)", job(job_id))
+    return bool(re.search(r"JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|PREEMPTED)", job(job_id)))
 
 
 def first_step(job_id: str, run_dir: Path, out: Path) -> None:

@@ -168,7 +168,7 @@ def test_script_requeues_itself_only_on_the_preempted_status_when_configured(req
     text = render_sbatch(cfg, "c.yaml")
     assert ("scontrol requeue \"$SLURM_JOB_ID\"" in text) == requeues
     assert ("open-mode" in directives(text)) == requeue  # a requeued job appends to its logs
-    assert "if (( RC == 75 )); then" in text and text.rstrip().endswith('exit "$RC"')
+    assert "if (( RC == 75 ))" in text and text.rstrip().endswith('exit "$RC"')
     if requeues:
         assert f"(( ${{SLURM_RESTART_COUNT:-0}} < {max_requeues} ))" in text
     else:
