@@ -478,7 +478,11 @@ class SlurmConfig:
     error: str = param("runs/%x-%j.err", "#SBATCH --error pattern, like output.")
     signal: str = param("USR1@300", "Preemption warning as SIG@seconds: SLURM sends SIG to the batch shell that many "
                                     "seconds before the time limit, and the shell forwards it to the training step.")
-    requeue: bool = param(True, "#SBATCH --requeue (true) or --no-requeue: may SLURM requeue a preempted job.")
+    requeue: bool = param(True, "#SBATCH --requeue (true) or --no-requeue: may SLURM requeue a preempted job. With "
+                                "true the logs are appended (--open-mode=append) and a step that ends preempted "
+                                "(exit 75: resume state saved) makes the script requeue its own job.")
+    max_requeues: int = param(3, "How often the script requeues its own job after a preemption (SLURM_RESTART_COUNT); "
+                                 "0 = never: the job ends and `gyre train CONFIG --resume RUN_DIR` continues it.")
     extra: tuple[str, ...] = param((), "More #SBATCH options as --key=value or --flag, e.g. --qos=high; only "
                                         "options in gyre_hpc.slurm.sbatch.EXTRA_OPTIONS are accepted.")
     exports: tuple[str, ...] = param((), "KEY=VALUE environment variables exported before the launch.")

@@ -3,6 +3,8 @@
 Invariants
 - The ready line is printed (and flushed) only after the server accepts connections; launchers
   (``engines.launch``, ``proxy.launch``) wait for it before they hand out the URL.
+- A service ignores SIGUSR1, the preemption signal of a live run: under SLURM a signal to the step reaches every
+  process in it, and the ranks (``runtime.preempt``), not their services, decide what preemption does.
 - A request whose caller hangs up is given up within ``DISCONNECT_POLL_S`` (its work is aborted or cancelled
   by the caller's ``on_hang_up``) and answered 499, as in SGLang.
 - An empty body reads as ``{}``; malformed JSON is the service's own typed error naming line and column.
@@ -12,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import signal
+import threading
 from typing import Any, Awaitable, Callable
 
 from fastapi import Request
@@ -22,6 +26,8 @@ DISCONNECT_POLL_S = 0.25
 
 async def serve_announced(server: Any, ready_line: str) -> None:
     """Run the ``uvicorn.Server`` ``server`` until it exits; print ``ready_line`` once it has started."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the ranks' preemption signal (module docstring)
 
     async def announce() -> None:
         while not server.started:

@@ -8,6 +8,11 @@
            rank c + 1  the cell runner of cell c: engine ⇄ trainer              (gyre_hpc.cell.runner)
       └─ prints the summary (summary.json of the run directory) as one JSON object with --json
 
+Preemption: SIGTERM or SIGUSR1 to ``gyre train`` (or to the ranks: srun, scancel) saves the resume state and
+every rank exits with status 75 (``gyre_hpc.resume.PREEMPTED_EXIT``); ``gyre train CONFIG --resume RUN_DIR``
+continues the run at the same step, and so does any rank started on a RUN_DIR that holds a resume state (the
+requeued SLURM job). A second SIGTERM, or Ctrl-C, interrupts instead (stacks in RUN_DIR/traces/).
+
 The config is loaded and checked before any process starts. Inside an allocation, launch the ranks yourself
 (``srun --mpi=pmix --ntasks=1+K gyre train CONFIG``): a rank of an MPI world runs its role directly.
 ``--sync`` runs the earlier synchronous loop (one engine, no cells, ``gyre_hpc.agents.closed_loop``).
@@ -31,6 +36,7 @@ import yaml
 from gyre_hpc.config import load_config, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
 from gyre_hpc.io import atomic_write_json, atomic_write_text, make_run_dir
+from gyre_hpc.resume import PREEMPTED_EXIT
 from jobs import add_overrides
 
 DESCRIPTION = """\
@@ -42,6 +48,11 @@ Run RL training with elastic cells (rank 0 allocator + one rank per cell, launch
 The run directory (run.out_dir/run.name-TIMESTAMP) holds config.yaml, events.jsonl, proxy-events.jsonl,
 tito/, metrics.jsonl, weights/, checkpoints/, cells/, summary.json and roles.png, reward.png,
 query_durations.png. --json prints the summary as one JSON object at the end.
+
+Preemption: SIGTERM (or SIGUSR1) stops the run after the step in progress, saves RUN_DIR/resume (checkpoint,
+trajectory buffer, staleness bookkeeping) and exits with status 75; then
+
+  gyre train configs/local.yaml --resume RUN_DIR      continues at the same step (same --set options)
 """
 
 MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK")
@@ -52,6 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_overrides(p, "allocator.steps=4")
     p.add_argument("--json", action="store_true", help="print the final summary as one JSON object")
     p.add_argument("--sync", action="store_true", help="the synchronous single-engine loop (no cells, no MPI)")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue a preempted run from RUN_DIR/resume (steps, version and staleness carry on)")
     p.add_argument("--run-dir", help=argparse.SUPPRESS)  # set by the launcher for the ranks
     p.add_argument("--dry-run", action="store_true",
                    help="print the layout and the launch commands; start nothing, touch no device")
@@ -68,9 +81,14 @@ def run(args: argparse.Namespace) -> int:
     from gyre_hpc.allocator.policies import validate
 
     validate(cfg.scheduler.policy, cfg.scheduler, cfg.cluster.cells)
-    run_dir = make_run_dir(cfg.run.out_dir, cfg.run.name)
-    atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    if getattr(args, "resume", None):
+        run_dir = _resumable(cfg, Path(args.resume))
+    else:
+        run_dir = make_run_dir(cfg.run.out_dir, cfg.run.name)
+        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
     code = launch(args, cfg.cluster.cells, run_dir)
+    if code == PREEMPTED_EXIT:
+        return _preempted(args, run_dir)
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
         raise GyreError(f"the live run ended (mpirun exit {code}) without a summary; see {run_dir} "
@@ -80,8 +98,36 @@ def run(args: argparse.Namespace) -> int:
     return 0 if code == 0 else code
 
 
+def _resumable(cfg, run_dir: Path) -> Path:
+    """``--resume RUN_DIR``: the run directory, once its resume state has been checked."""
+    from gyre_hpc import resume
+
+    if not resume.exists(run_dir):
+        raise ConfigError(f"--resume {run_dir}: no resume state there ({resume.resume_dir(run_dir)}/state.json); "
+                          f"a run writes it when it is preempted (SIGTERM/SIGUSR1)")
+    done = resume.load(run_dir)["sched"]["steps_done"]
+    if done >= cfg.allocator.steps:
+        raise ConfigError(f"allocator.steps: {cfg.allocator.steps}, but {run_dir} has {done} steps done; "
+                          f"resume with --set allocator.steps=N for N > {done}")
+    print(f"gyre train: resuming {run_dir} at step {done}", file=sys.stderr)
+    return run_dir
+
+
+def _preempted(args: argparse.Namespace, run_dir: Path) -> int:
+    from gyre_hpc import resume
+
+    state = resume.load(run_dir)  # fails (CheckpointError) if the ranks could not save it
+    extra = "".join(f" --set {o}" for o in args.overrides)
+    print(f"gyre train: preempted after {state['sched']['steps_done']} steps; resume with\n"
+          f"  gyre train {args.config} --resume {run_dir}{extra}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"preempted": True, "steps_done": state["sched"]["steps_done"], "run_dir": str(run_dir)}))
+    return PREEMPTED_EXIT
+
+
 def launch(args: argparse.Namespace, cells: int, run_dir: Path) -> int:
-    """mpirun this job with 1 + cells ranks and wait for it."""
+    """mpirun this job with 1 + cells ranks and wait for it; SIGTERM/SIGUSR1 preempt it (forwarded as SIGUSR1,
+    which mpirun passes on to every rank), a second one or SIGINT interrupts it."""
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         raise ConfigError("cluster.cells: a live run needs mpirun (apt-get install openmpi-bin) and mpi4py")
@@ -95,7 +141,7 @@ def launch(args: argparse.Namespace, cells: int, run_dir: Path) -> int:
     with open(run_dir / "mpirun.log", "ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=sys.stderr, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-        signal.signal(signal.SIGTERM, _interrupted)
+        _forward_preemption(proc)
         try:
             return proc.wait()
         except BaseException:
@@ -135,8 +181,21 @@ def _interrupted(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _forward_preemption(proc: subprocess.Popen) -> None:
+    def preempt(signum, frame) -> None:
+        print(f"gyre train: {signal.Signals(signum).name}: preempting (the step in progress ends, the resume state "
+              f"is saved); send SIGTERM again to interrupt", file=sys.stderr, flush=True)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGUSR1)
+        signal.signal(signal.SIGTERM, _interrupted)
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+    signal.signal(signal.SIGTERM, preempt)
+    signal.signal(signal.SIGUSR1, preempt)
+
+
 def _stop_ranks(proc: subprocess.Popen, run_dir: Path) -> None:
-    """Interrupted: dump every rank's stacks to RUN_DIR/traces/ (SIGUSR1), then end mpirun's whole session."""
+    """Interrupted: dump every rank's stacks to RUN_DIR/traces/ (SIGUSR2), then end mpirun's whole session."""
     import psutil
 
     try:
@@ -146,7 +205,7 @@ def _stop_ranks(proc: subprocess.Popen, run_dir: Path) -> None:
     for p in ranks:
         with contextlib.suppress(psutil.Error):
             if "gyre_hpc.cli" in " ".join(p.cmdline()):
-                p.send_signal(signal.SIGUSR1)
+                p.send_signal(signal.SIGUSR2)
     time.sleep(1.0)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
@@ -166,6 +225,9 @@ def _rank(cfg, args: argparse.Namespace) -> int:
 
     if not args.run_dir:
         raise ConfigError("inside an MPI world, gyre train needs --run-dir (the launcher sets it)")
+    from gyre_hpc.runtime.preempt import Preemption
+
+    preemption = Preemption().install()  # SIGTERM/SIGUSR1 preempt the run instead of killing this rank
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     _check_placement(cfg)
@@ -175,13 +237,21 @@ def _rank(cfg, args: argparse.Namespace) -> int:
     if transport.rank == 0:
         from gyre_hpc.runtime.root import run_root
 
-        _print(run_root(cfg, run_dir, transport, comm), args.json)  # the job's output ends with the summary
+        out = run_root(cfg, run_dir, transport, comm, preemption)
+        if out.get("preempted") and not out.get("saved"):
+            raise GyreError(f"preempted ({out['preempted']}), but the resume state could not be saved: "
+                            f"{out.get('error')}; the last checkpoint is {run_dir / 'checkpoints' / 'latest'}")
+        preempted = bool(out.get("preempted"))
+        if not preempted:
+            _print(out, args.json)  # the job's output ends with the summary
     else:
         from gyre_hpc.cell.runner import CellRunner
 
         proxy_url = comm.bcast(None, root=0)
-        CellRunner(cfg, run_dir, transport, comm, proxy_url).run()
-    return 0
+        runner = CellRunner(cfg, run_dir, transport, comm, proxy_url, preemption)
+        runner.run()
+        preempted = runner.preempted
+    return PREEMPTED_EXIT if preempted else 0
 
 
 def _check_placement(cfg) -> None:
@@ -196,13 +266,14 @@ def _check_placement(cfg) -> None:
 
 
 def _traceback_on_signal(path: Path) -> None:
-    """``kill -USR1 PID`` makes a rank append every thread's stack to ``path``: how to see where a hung rank is.
-    ``gyre train`` signals every rank when it is interrupted (Ctrl-C, SIGTERM, a test's timeout)."""
+    """``kill -USR2 PID`` makes a rank append every thread's stack to ``path``: how to see where a hung rank is.
+    ``gyre train`` signals every rank when it is interrupted (Ctrl-C, a second SIGTERM, a test's timeout).
+    (SIGUSR1 is the preemption signal: runtime/preempt.py.)"""
     import faulthandler
     import signal
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    faulthandler.register(signal.SIGUSR1, file=open(path, "a"), all_threads=True)  # noqa: SIM115 (kept open)
+    faulthandler.register(signal.SIGUSR2, file=open(path, "a"), all_threads=True)  # noqa: SIM115 (kept open)
 
 
 def _print(summary: dict, as_json: bool) -> None:

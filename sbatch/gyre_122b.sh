@@ -17,7 +17,8 @@
 #SBATCH --time=24:00:00
 #SBATCH --signal=B:USR1@300
 #SBATCH --requeue
-# --- logs (%x job name, %j job id); the directory must exist when the job starts
+# --- logs (%x job name, %j job id); the directory must exist when the job starts; a requeued job appends
+#SBATCH --open-mode=append
 #SBATCH --output=runs/%x-%j.out
 #SBATCH --error=runs/%x-%j.err
 # --- site options (slurm.extra)
@@ -29,6 +30,7 @@ cd "$SLURM_SUBMIT_DIR"
 # --- run directory: gyre submit sets GYRE_RUN_DIR; a plain sbatch uses run.out_dir/run.name-JOBID
 RUN_DIR="${GYRE_RUN_DIR:-runs/gyre_122b-$SLURM_JOB_ID}"
 mkdir -p "$RUN_DIR"
+touch "$RUN_DIR/.step-start"
 
 # --- placement (gyre_hpc.slurm.layout): 4 cells of 8 node(s), in SLURM's node order;
 # rank 0 on the first node, rank k+1 on the first node of cell k
@@ -48,4 +50,17 @@ trap 'kill -s USR1 $STEP 2>/dev/null || true' USR1
 trap 'kill -s TERM $STEP 2>/dev/null || true' TERM
 # wait returns early when a trapped signal arrives: keep waiting until the step has ended
 while kill -0 "$STEP" 2>/dev/null; do wait "$STEP" || true; done
-wait "$STEP"
+RC=0; wait "$STEP" || RC=$?
+
+# --- preempted (exit 75: checkpoint and resume state in $RUN_DIR): requeue this job, at most 3 times;
+#     the same job id gives the same RUN_DIR, and the requeued ranks resume from it
+#     (srun may report 143 when --kill-on-bad-exit ended a rank that was exiting 75 itself: the resume
+#     state this step wrote is the proof)
+if (( RC == 75 )) || [[ "$RUN_DIR/resume/state.json" -nt "$RUN_DIR/.step-start" ]]; then
+  if (( ${SLURM_RESTART_COUNT:-0} < 3 )) && scontrol requeue "$SLURM_JOB_ID"; then
+    echo "gyre: preempted; job $SLURM_JOB_ID requeued (restart $(( ${SLURM_RESTART_COUNT:-0} + 1 )) of 3)" >&2
+    exit 0
+  fi
+  echo "gyre: preempted; the resume state is in $RUN_DIR: continue with gyre train configs/gyre_122b.yaml --resume $RUN_DIR" >&2
+fi
+exit "$RC"

@@ -10,6 +10,9 @@
     SwitchTo(ROLLOUT): (the group in hand is finished first) · core: report its groups ·
                        start the engine on the newest weights · register with the proxy ─▶ SwitchDone(timing)
     Shutdown:          stop the engine · write cells/cell<c>.json · Bye
+    preemption signal: noted (no more weight refreshes: under SLURM it may have reached the engine too); the
+                       run goes on until rank 0's Shutdown("preempted: ..."), after which ``preempted`` is true
+    resumed run:       the core loads RUN_DIR/resume/checkpoint; cells/cell<c>.json keeps the earlier switches
 
 Slow work (drain, engine start/stop, weight pull) runs in a worker thread while the main thread keeps
 sending heartbeats; only the main thread touches MPI.
@@ -27,6 +30,7 @@ Invariants (tests/integration/test_live_training.py)
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import time
 from pathlib import Path
 
@@ -39,6 +43,7 @@ from gyre_hpc.cell.training import CoreTrainer, SatelliteTrainer
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import TransferError
 from gyre_hpc.io import atomic_write_json
+from gyre_hpc.runtime.preempt import Preemption
 
 CORE = 0  # the allocator's core cell (AllocatorServer's default)
 SHUTDOWN_LOOK_S = 5.0  # after a failed weight pull: how long to look for a Shutdown that explains it
@@ -49,7 +54,8 @@ class _RunOver(Exception):
 
 
 class CellRunner:
-    def __init__(self, cfg: GyreConfig, run_dir: Path, transport, comm, proxy_url: str):
+    def __init__(self, cfg: GyreConfig, run_dir: Path, transport, comm, proxy_url: str,
+                 preemption: Preemption | None = None):
         self.cfg, self.run_dir, self.comm = cfg, Path(run_dir), comm
         self.cell = transport.rank - 1
         self.link = CellLink(transport, self.cell, cfg.allocator.heartbeat_interval_s)
@@ -61,6 +67,9 @@ class CellRunner:
         self.work_s = 0.0
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
         self.stash: list = []  # orders that came while a data-plane answer was awaited
+        self.signalled = preemption or Preemption()  # rank 0 coordinates; a cell only notes the signal
+        self.preempted = False
+        self._carry_stats()
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict:
@@ -78,6 +87,7 @@ class CellRunner:
                 order = self.stash.pop(0) if self.stash else self.link.next_order(
                     0.0 if self.role is Role.TRAIN else 0.02)
                 if isinstance(order, Shutdown):
+                    self.preempted = order.reason.startswith("preempted")
                     break
                 if isinstance(order, SwitchTo):
                     self._switch(order)
@@ -85,7 +95,7 @@ class CellRunner:
                     self._core_poll()
                 if self.role is Role.TRAIN and not self.stash:
                     self._train_once()
-                else:
+                elif not self.signalled.requested:
                     self.rollout.refresh()
         finally:
             if self.is_core:  # take what satellites still send, so none of them waits on the core
@@ -232,10 +242,19 @@ class CellRunner:
                                      work_s=self.work_s, mean_lag=max(0.0, mean_lag)))
         tr.unreported, self.work_s = 0, 0.0
 
+    def _carry_stats(self) -> None:
+        """A resumed run's cell continues the earlier segments' records (switches, pulls)."""
+        from gyre_hpc import resume
+
+        path = self.run_dir / "cells" / f"cell{self.cell}.json"
+        self.earlier = json.loads(path.read_text()) if resume.exists(self.run_dir) and path.is_file() else {}
+        self.switches = list(self.earlier.get("switches", []))
+
     def _stats(self) -> dict:
-        pulls = getattr(self.trainer, "pulls", [])
+        pulls = self.earlier.get("pulls", []) + getattr(self.trainer, "pulls", [])
         stats = {"cell": self.cell, "core": self.is_core, "switches": self.switches, "pulls": pulls,
                  "engine_starts": self.rollout.starts, "weight_updates": self.rollout.updates,
-                 "version": getattr(self.trainer, "version", None)}
+                 "version": getattr(self.trainer, "version", None),
+                 "restored": getattr(self.trainer, "restored", None), "preempted": self.preempted}
         atomic_write_json(self.run_dir / "cells" / f"cell{self.cell}.json", stats)
         return stats

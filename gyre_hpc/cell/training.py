@@ -12,6 +12,9 @@ Invariants (tests/integration/test_live_training.py)
 - The step's gradient is ``sum_i Z_i g_i / sum_i Z_i`` over the step's groups (g_i normalised by its own
   trained tokens Z_i), i.e. the gradient of the whole batch's token-mean loss, wherever each group ran.
 - A satellite computes gradients only on weights of the version the group was handed out for.
+- A resumed core (RUN_DIR/resume exists) starts from the saved checkpoint: weights, optimizer and version as
+  they were after the last step before the preemption; ``restored`` records that version and the weights'
+  checksum.
 """
 from __future__ import annotations
 
@@ -50,10 +53,20 @@ class CoreTrainer(_Side):
 
         super().__init__(cfg)
         self.run_dir = run_dir
+        self.restored = self._restore()
         self.publisher = make_publisher(cfg.transfer)
         self.reset_step()
         self.unreported = 0
         self.publish()
+
+    def _restore(self) -> dict | None:
+        from gyre_hpc import resume
+        from gyre_hpc.engines.weights import weights_checksum
+
+        if not resume.exists(self.run_dir):
+            return None
+        self.trainer.load_checkpoint(resume.resume_dir(self.run_dir) / resume.CHECKPOINT)
+        return {"version": self.version, "checksum": weights_checksum(self.trainer.export_weights())}
 
     def reset_step(self) -> None:
         self.acc: dict[str, np.ndarray] = {}

@@ -12,6 +12,11 @@ when
 
 otherwise with ``None``. The core's STEPPED (after its optimizer step) opens the next version's batch.
 
+Preemption: ``freeze()`` answers every WANT with ``None`` from then on; once no step is pending (fewer than
+``batch_groups`` groups out, so the core cannot step again), ``buffer()`` is the trajectory buffer to save: the
+groups out for the unfinished step first (their gradients are dropped with the core's partial sums), then
+the ready ones, in completion order. ``restore`` puts a saved buffer back before the first WANT.
+
 Invariants (tests/integration/test_live_training.py)
 - Each ready group goes out exactly once, in completion order, and each version gets exactly
   ``batch_groups`` groups.
@@ -38,6 +43,25 @@ class Hub:
         self.version = 0
         self.handed: list[dp.Group] = []  # groups out for the current version
         self.handed_to: dict[int, int] = {}
+        self.frozen = False
+
+    @property
+    def step_pending(self) -> bool:
+        """A whole batch is out: the core steps once it has their gradients."""
+        return len(self.handed) >= self.B
+
+    def freeze(self) -> None:
+        """Hand out no more groups (preemption): the core finishes at most the step already fully out."""
+        self.frozen = True
+
+    def buffer(self) -> list[dp.Group]:
+        """The untrained groups, in the order they would be handed out (see the module docstring)."""
+        self._take_incoming()
+        return list(self.handed) + list(self.ready)
+
+    def restore(self, groups: list[dp.Group], version: int) -> None:
+        self.version = version
+        self.ready.extend(groups)
 
     def offer(self, group: dp.Group) -> None:
         """A group became ready (thread-safe; called from the harness thread)."""
@@ -46,11 +70,7 @@ class Hub:
     def poll(self) -> bool:
         """Answer waiting requests and take step records; True if anything happened."""
         busy = False
-        while True:
-            try:
-                self.ready.append(self.incoming.get_nowait())
-            except queue.Empty:
-                break
+        self._take_incoming()
         while (got := dp.poll(self.comm, dp.STEPPED)) is not None:
             busy = True
             self._stepped(got[1])
@@ -61,7 +81,16 @@ class Hub:
             self.comm.send({"version": self.version, "group": group}, dest=rank, tag=dp.GROUP)
         return busy
 
+    def _take_incoming(self) -> None:
+        while True:
+            try:
+                self.ready.append(self.incoming.get_nowait())
+            except queue.Empty:
+                break
+
     def _next(self, cell: int) -> dp.Group | None:
+        if self.frozen:
+            return None
         if self.role_of(cell) is not Role.TRAIN or len(self.handed) >= self.B or not self.ready:
             return None
         if not self.handed and not self.burst_open():

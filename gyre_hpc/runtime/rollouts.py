@@ -12,6 +12,9 @@ Invariants (tests/integration/test_live_training.py)
   complete (every run's calls and its outcome).
 - Every started run ends with an outcome (the harness's guarantee); ``stop()`` cancels the runs still going
   (they end ``aborted``) and counts them apart from the finished ones.
+- After ``close()`` (preemption) no group is offered and none is started: the trajectory buffer saved for the
+  resume is what the hub held when the preemption signal came. ``rebuild`` turns a buffered group's TITO
+  file back into the same training group (the batch is a pure function of the file and the config).
 """
 from __future__ import annotations
 
@@ -46,10 +49,13 @@ class Rollouts:
         self.futures: list = []
         self.groups: list[dict] = []  # per ready group: gid, runs, rewards, statuses, seconds
         self.errors: list[str] = []
+        self.closed = False
         self.monitor = asyncio.run_coroutine_threadsafe(self._monitor(), self.loop)
 
     def admit(self, n: int) -> int:
         """Start ``n`` new groups (called from the allocator loop); returns how many started."""
+        if self.closed:
+            return 0
         for _ in range(n):
             gid, self.next_gid = self.next_gid, self.next_gid + 1
             self.started_runs += self.cfg.agent.runs_per_group
@@ -68,21 +74,47 @@ class Rollouts:
         group.t_ready = time.time()
         group.rewards = [r.outcome.score for r in results if r.outcome.score is not None]
         group.runs = len(results)
+        if self.closed:  # preempted meanwhile: not part of the saved buffer
+            return
         self.groups.append({"gid": gid, "runs": len(results), "seconds": group.t_ready - t0,
                             "rewards": group.rewards, "versions": list(group.gen_versions),
                             "statuses": [r.outcome.status.value for r in results]})
         self.offer(group)
         self.post(GroupsReady(groups=1, work_s=WORK_S_PER_TOKEN * (group.batch.tokens if group.batch else 0)))
 
+    def close(self) -> None:
+        """Preemption: start no group and offer none from now on (thread-safe: one attribute)."""
+        self.closed = True
+
+    def tito_path(self, gid: int) -> Path:
+        return self.run_dir / "tito" / f"q{gid:05d}.jsonl"
+
+    def rebuild(self, saved: dict) -> dp.Group:
+        """A buffered group of a resume state, rebuilt from its TITO file; its trained tokens must match."""
+        if saved["trained_tokens"] == 0:  # nothing of it trains (or it could not be packed)
+            group = dp.Group(saved["gid"], None, 0, gen_versions=tuple(saved["gen_versions"]))
+        else:
+            group = self._batch(saved["gid"], read_tito(saved["tito"], self.cfg.model.vocab_size))
+        if group.trained_tokens != saved["trained_tokens"] or list(group.gen_versions) != saved["gen_versions"]:
+            raise GyreError(f"{saved['tito']}: rebuilt group {saved['gid']} has {group.trained_tokens} trained "
+                            f"tokens of versions {list(group.gen_versions)}; the resume state saved "
+                            f"{saved['trained_tokens']} of {saved['gen_versions']}")
+        group.rewards, group.runs = list(saved.get("rewards", [])), saved["runs"]
+        return group
+
     def _build(self, gid: int, results) -> dp.Group:
         from gyre_hpc.proxy.client import ProxyClient
-        from gyre_hpc.trajectory.pipeline import build_batch
 
-        path = self.run_dir / "tito" / f"q{gid:05d}.jsonl"
+        path = self.tito_path(gid)
         with ProxyClient(self.proxy_url, timeout=60.0) as proxy:
             proxy.flush_tito(str(path), [r.run_id for r in results])
         calls = read_tito(path, self.cfg.model.vocab_size).calls
-        log = TitoLog(calls, tuple(r.outcome for r in results), str(path))
+        return self._batch(gid, TitoLog(calls, tuple(r.outcome for r in results), str(path)))
+
+    def _batch(self, gid: int, log: TitoLog) -> dp.Group:
+        from gyre_hpc.trajectory.pipeline import build_batch
+
+        calls = log.calls
         versions = tuple(sorted({int(v) for c in calls for v in c.output_versions}))
         batch, report = build_batch(log, self.cfg.trajectory)
         if report.trained_tokens == 0:

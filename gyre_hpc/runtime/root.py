@@ -8,25 +8,33 @@
                         Admit orders start groups in the harness (Rollouts); ready groups → hub + GroupsReady
     before the orderly shutdown: cut the runs still going, read the proxy's stats
     after it: stop the proxy, read the cells' stats, write summary.json and the report PNGs
+    preempted (SIGTERM/SIGUSR1, runtime.preempt): no more groups or decisions; once no step is pending, the
+               resume state goes to RUN_DIR/resume and the cells get Shutdown("preempted: SIG"); no summary
+    resumed (RUN_DIR/resume exists): buffer, counters and step records come back before the first decision
 
 Invariants (tests/integration/test_live_training.py)
 - Every decision comes from the same policy object the simulator drives (``make_policy``).
 - Every optimizer step is in the event log (``train_step``: version, groups, staleness, reward) and in
   ``metrics.jsonl``; the summary is computed from those records and the cells' stats, never estimated.
+  A resumed run's summary covers every segment (the saved step records and counters plus the new ones).
 """
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
 
+from gyre_hpc import resume
 from gyre_hpc.allocator.eventlog import EventLog
 from gyre_hpc.allocator.policies import make_policy
 from gyre_hpc.allocator.server import AllocatorServer
 from gyre_hpc.allocator.types import Role
 from gyre_hpc.config import GyreConfig
-from gyre_hpc.io import atomic_write_json
+from gyre_hpc.errors import ConfigError, GyreError
+from gyre_hpc.io import atomic_write_json, atomic_write_text
+from gyre_hpc.runtime import preempt
 from gyre_hpc.runtime.hub import Hub
 from gyre_hpc.runtime.rollouts import Rollouts
 
@@ -36,10 +44,24 @@ PROGRESS_EVERY_S = 5.0
 class LiveServer(AllocatorServer):
     """The allocator loop plus the hub's data plane in the same thread (the only thread that touches MPI)."""
 
-    def __init__(self, *args, hub: Hub, before_shutdown=lambda: None, progress=lambda: None, **kwargs):
+    def __init__(self, *args, hub: Hub, before_shutdown=lambda reason: None, progress=lambda: None,
+                 preemption: preempt.Preemption | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.hub, self.before_shutdown, self.progress = hub, before_shutdown, progress
+        self.preemption = preemption or preempt.Preemption()
         self.last_progress = 0.0
+
+    def stop_reason(self) -> str | None:
+        reason = super().stop_reason()
+        if reason is not None or not self.preemption.requested:
+            return reason
+        self.hub.freeze()  # the core can finish the step already out, and no other
+        quiet = self.started and not self.hub.step_pending and self.state.version == self.hub.version
+        return f"preempted: {self.preemption.signal}" if quiet or self.preemption.overdue else None
+
+    def _decide(self, now: float) -> None:
+        if not self.preemption.requested:
+            super()._decide(now)
 
     def step(self) -> bool:
         changed = super().step()
@@ -49,23 +71,28 @@ class LiveServer(AllocatorServer):
         return self.hub.poll() or changed
 
     def shutdown(self, reason: str) -> dict:
-        self.before_shutdown()
+        self.before_shutdown(reason)
         return super().shutdown(reason)
 
 
-def run_root(cfg: GyreConfig, run_dir: Path, transport, comm) -> dict:
-    """Drive the live run from rank 0; returns the summary (also written to summary.json)."""
+def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
+             preemption: preempt.Preemption | None = None) -> dict:
+    """Drive the live run from rank 0; returns the summary (also written to summary.json), or
+    ``{"preempted": ...}`` when a preemption signal stopped it with its resume state saved."""
     from gyre_hpc.engines.launch import free_port
     from gyre_hpc.proxy.client import ProxyClient
     from gyre_hpc.proxy.launch import start_proxy
     import dataclasses
 
     t0 = time.perf_counter()
+    preemption = preemption or preempt.Preemption()
+    saved = _load_resume(cfg, run_dir)
     pcfg = dataclasses.replace(cfg.proxy, event_log=str(run_dir / "proxy-events.jsonl"))
     proxy = start_proxy(pcfg, port=free_port(cfg.proxy.host), log_path=run_dir / "proxy.log", config_dir=run_dir)
     comm.bcast(proxy.url, root=0)
     steps: list[dict] = []
     end: dict = {}
+    carry: dict = saved["counters"] if saved else {}
     try:
         policy = make_policy(cfg.scheduler.policy, cfg.scheduler, cfg.cluster.cells)
         log = EventLog(run_dir / cfg.allocator.events_file, transport.clock)
@@ -100,26 +127,85 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm) -> dict:
         hub = Hub(comm, cfg.scheduler.batch_groups, policy.streaming, lambda c: server.state.cells[c].role, on_step,
                   burst_open=burst_open)
         rollouts = Rollouts(cfg, run_dir, proxy.url, hub.offer)
+        preemption.on_signal = rollouts.close  # from the signal on, no group starts or joins the buffer
+        if preemption.requested:
+            rollouts.close()
 
-        def before_shutdown() -> None:
-            end["groups_cut"] = rollouts.stop()
+        def before_shutdown(reason: str) -> None:
             with ProxyClient(proxy.url, timeout=30.0) as pc:
-                end["proxy"] = pc.stats()
+                try:
+                    end["proxy"] = preempt.add_proxy(carry.get("proxy", {}), pc.stats())
+                except GyreError:  # under SLURM the preemption signal may have reached the proxy too
+                    if not reason.startswith("preempted"):
+                        raise
+                    end["proxy"] = carry.get("proxy", {})
+            if reason.startswith("preempted"):
+                _save_resume(run_dir, server, hub, rollouts, steps, {**carry, "proxy": end["proxy"]}, policy,
+                             preemption, end, time.perf_counter() - t0)
+            end["groups_cut"] = rollouts.stop()
 
         server = LiveServer(policy, cfg.allocator, transport, log, admit=rollouts.admit,
                             runs_per_query=cfg.agent.runs_per_group, hub=hub, before_shutdown=before_shutdown,
-                            progress=progress)
+                            progress=progress, preemption=preemption)
         rollouts.post = server.post
+        if saved:
+            steps.extend(saved["steps"])
+            _restore(saved, run_dir, server, hub, rollouts, policy)
         stop = server.run()
     finally:
         proxy.stop()
-    summary = _summary(cfg, run_dir, stop, steps, rollouts, end, time.perf_counter() - t0)
+    if stop["reason"].startswith("preempted"):
+        return {"preempted": stop["reason"], "saved": "saved" in end, "error": end.get("preempt_error"),
+                "steps_done": stop["steps_done"], "run_dir": str(run_dir)}
+    summary = _summary(cfg, run_dir, stop, steps, rollouts, end, carry, time.perf_counter() - t0)
     atomic_write_json(run_dir / "summary.json", summary)
     _report(run_dir, cfg, steps, rollouts)
+    shutil.rmtree(resume.resume_dir(run_dir), ignore_errors=True)  # finished: nothing left to resume
     return summary
 
 
-def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollouts, end: dict, wall: float) -> dict:
+def _load_resume(cfg: GyreConfig, run_dir: Path) -> dict | None:
+    """The resume state of ``run_dir`` if it holds one (checked before any process starts its work)."""
+    if not resume.exists(run_dir):
+        return None
+    saved = resume.load(run_dir)
+    if saved["sched"]["steps_done"] >= cfg.allocator.steps:
+        raise ConfigError(f"allocator.steps: {cfg.allocator.steps}, but {run_dir} has "
+                          f"{saved['sched']['steps_done']} steps done already; ask for more steps")
+    (run_dir / "weights" / "LATEST.json").unlink(missing_ok=True)  # its transfer descriptor died with the run
+    return saved
+
+
+def _restore(saved: dict, run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollouts, policy) -> None:
+    groups = preempt.restore(saved, server, hub, rollouts, server.clock.now())
+    atomic_write_text(run_dir / "metrics.jsonl", "".join(json.dumps(s) + "\n" for s in saved["steps"]))
+    st = server.state
+    server.log.write({"event": "resumed", "version": st.version, "steps_done": st.steps_done,
+                      "buffer": [g.gid for g in groups], "trained_batches": st.trained_batches,
+                      "lag_sum": st.lag_sum, "window": policy.window(st), "next_gid": rollouts.next_gid,
+                      "segment": saved["counters"]["segments"] + 1})
+
+
+def _save_resume(run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollouts, steps: list[dict],
+                 carry: dict, policy, preemption: preempt.Preemption, end: dict, wall_s: float) -> None:
+    """Write RUN_DIR/resume; a failure is logged (``preempt_failed``) and the shutdown goes on."""
+    state = preempt.snapshot(server, hub, rollouts, steps, carry, wall_s)
+    st = server.state
+    try:
+        resume.save(run_dir, state, preempt.checkpoint_dir(run_dir))
+    except (GyreError, OSError) as exc:
+        end["preempt_error"] = str(exc)
+        server.log.write({"event": "preempt_failed", "error": str(exc)})
+        return
+    end["saved"] = True
+    server.log.write({"event": "preempted", "signal": preemption.signal, "version": state["version"],
+                      "steps_done": st.steps_done, "buffer": [g["gid"] for g in state["buffer"]],
+                      "trained_batches": st.trained_batches, "lag_sum": st.lag_sum, "window": policy.window(st),
+                      "next_gid": state["next_gid"], "resume": str(resume.resume_dir(run_dir))})
+
+
+def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollouts, end: dict, carry: dict,
+             wall: float) -> dict:
     cells = [json.loads(p.read_text()) for p in sorted((run_dir / "cells").glob("cell*.json"))]
     switches = [s for c in cells for s in c["switches"]]
     pulls = [p for c in cells for p in c["pulls"]]
@@ -128,12 +214,13 @@ def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollou
     proxy = end.get("proxy", {})
     statuses = [s for g in rollouts.groups for s in g["statuses"]]
     return {
-        "policy": cfg.scheduler.policy, "steps": len(steps), "wall_s": round(wall, 2),
+        "policy": cfg.scheduler.policy, "steps": len(steps), "wall_s": round(carry.get("wall_s", 0.0) + wall, 2),
+        "segments": carry.get("segments", 0) + 1,
         "switches_r2t": sum(s["to"] == "train" for s in switches),
         "switches_t2r": sum(s["to"] == "rollout" for s in switches),
         "weight_pulls": len(pulls),
         "weight_pull_checksum_ok": bool(pulls) and all(p["checksum_ok"] for p in pulls),
-        "runs_finished": rollouts.ended_runs, "runs_scored": sum(len(g["rewards"]) for g in rollouts.groups),
+        "runs_finished": carry.get("runs_finished", 0) + rollouts.ended_runs, "runs_scored": sum(len(g["rewards"]) for g in rollouts.groups),
         "run_statuses": {k: statuses.count(k) for k in sorted(set(statuses))},
         "runs_lost": proxy.get("runs_lost"), "runs_moved": proxy.get("runs_moved"),
         "calls_moved": proxy.get("moves"), "groups_cut_at_stop": end.get("groups_cut", 0),

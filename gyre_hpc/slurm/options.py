@@ -93,6 +93,7 @@ def check_slurm(cfg) -> None:
     require(cfg.mem is None or bool(_MEM.fullmatch(cfg.mem)), "mem", f"{cfg.mem!r} is not a number with an "
             "optional unit K, M, G or T, e.g. 512G")
     require(cfg.cpus_per_task >= 1, "cpus_per_task", f"must be >= 1, got {cfg.cpus_per_task}")
+    require(cfg.max_requeues >= 0, "max_requeues", f"must be >= 0, got {cfg.max_requeues}")
     for key in ("job_name", "output", "error", "python"):
         value = getattr(cfg, key)
         require(bool(value.strip()) and not any(c in value for c in "\n\"'"), key,

@@ -10,6 +10,8 @@ What the script does on the cluster (docs/slurm.md)::
                              `python -m gyre_hpc.cli train CONFIG --run-dir RUN_DIR "$@"`; no Ray, MPI is the
                              rendezvous; the script's arguments go to gyre train (``sbatch SCRIPT --set a.b=c``)
     trap SIG/TERM            the batch shell forwards the preemption signal (#SBATCH --signal=B:SIG@s) to the step
+    exit 75 (preempted)      the ranks saved RUN_DIR/resume: `scontrol requeue` the job (slurm.requeue, at most
+                             slurm.max_requeues times); the same job id gives the same RUN_DIR, so it resumes
 
 Invariants
 - Pure: the same (config, config path, overrides) give the same text; no clock, no environment, no files read.
@@ -18,6 +20,8 @@ Invariants
 - The srun flags are ``Layout.control_srun_args()`` with the node list computed at run time, so the script and
   the ranks' own placement check agree.
 - Open MPI loopback settings appear only when ``slurm.local_cluster`` is true.
+- The script requeues itself only when ``slurm.requeue`` is true and ``slurm.max_requeues`` > 0, only on the
+  preempted exit status (``gyre_hpc.resume.PREEMPTED_EXIT``), and exits with the step's status otherwise.
 - The checked-in scripts in sbatch/ equal ``render_sbatch`` of their configs (``python -m gyre_hpc.slurm.sbatch
   --write`` regenerates them; tests/unit/test_sbatch.py checks).
 """
@@ -29,6 +33,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from gyre_hpc.resume import PREEMPTED_EXIT
 from gyre_hpc.slurm.layout import local_nodes, plan
 from gyre_hpc.slurm.options import parse_signal
 
@@ -87,7 +92,10 @@ def _directives(cfg) -> list[str]:
     out += ["# --- time limit; SIG" + sig + f" reaches this shell {seconds} s before it, and is forwarded to the step",
             f"#SBATCH --time={s.time}", f"#SBATCH --signal=B:{sig}@{seconds}",
             "#SBATCH --requeue" if s.requeue else "#SBATCH --no-requeue",
-            "# --- logs (%x job name, %j job id); the directory must exist when the job starts",
+            "# --- logs (%x job name, %j job id); the directory must exist when the job starts"
+            + ("; a requeued job appends" if s.requeue else "")]
+    out += ["#SBATCH --open-mode=append"] if s.requeue else []
+    out += [
             f"#SBATCH --output={s.output}", f"#SBATCH --error={s.error}"]
     if s.extra:
         out += ["# --- site options (slurm.extra)"] + [f"#SBATCH {e}" for e in s.extra]
@@ -117,7 +125,7 @@ def _launch(cfg, layout, config_path: str, overrides: Sequence[str]) -> list[str
              '"$RUN_DIR"'] + [a for o in overrides for a in ("--set", shlex.quote(o))] + ['"$@"']
     return [
         "", "# --- run directory: gyre submit sets GYRE_RUN_DIR; a plain sbatch uses run.out_dir/run.name-JOBID",
-        f'RUN_DIR="${{GYRE_RUN_DIR:-{run_dir}}}"', 'mkdir -p "$RUN_DIR"',
+        f'RUN_DIR="${{GYRE_RUN_DIR:-{run_dir}}}"', 'mkdir -p "$RUN_DIR"', 'touch "$RUN_DIR/.step-start"',
         "", f"# --- placement (gyre_hpc.slurm.layout): {c.cells} cells of {c.nodes_per_cell} node(s), in SLURM's "
             "node order;", "# rank 0 on the first node, rank k+1 on the first node of cell k",
         'mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
@@ -133,7 +141,28 @@ def _launch(cfg, layout, config_path: str, overrides: Sequence[str]) -> list[str
                                                                   "true' TERM" if sig != "TERM" else ""),
         "# wait returns early when a trapped signal arrives: keep waiting until the step has ended",
         'while kill -0 "$STEP" 2>/dev/null; do wait "$STEP" || true; done',
-        'wait "$STEP"',
+        'RC=0; wait "$STEP" || RC=$?',
+    ] + _requeue(s, config_path) + ['exit "$RC"']
+
+
+def _requeue(s, config_path: str) -> list[str]:
+    """Shell lines: on the preempted status, requeue this job (same job id, same RUN_DIR: it resumes)."""
+    by_hand = (f'  echo "gyre: preempted; the resume state is in $RUN_DIR: continue with '
+               f'gyre train {shlex.quote(config_path)} --resume $RUN_DIR" >&2')
+    if not (s.requeue and s.max_requeues):
+        return ["", f"# --- preempted (exit {PREEMPTED_EXIT}): slurm.requeue is off; continue by hand",
+                f"if (( RC == {PREEMPTED_EXIT} )); then", by_hand, "fi"]
+    n = s.max_requeues
+    return [
+        "", f"# --- preempted (exit {PREEMPTED_EXIT}: checkpoint and resume state in $RUN_DIR): requeue this job, at "
+            f"most {n} times;", "#     the same job id gives the same RUN_DIR, and the requeued ranks resume from it",
+        "#     (srun may report 143 when --kill-on-bad-exit ended a rank that was exiting 75 itself: the resume",
+        "#     state this step wrote is the proof)",
+        f'if (( RC == {PREEMPTED_EXIT} )) || [[ "$RUN_DIR/resume/state.json" -nt "$RUN_DIR/.step-start" ]]; then',
+        f'  if (( ${{SLURM_RESTART_COUNT:-0}} < {n} )) && scontrol requeue "$SLURM_JOB_ID"; then',
+        f'    echo "gyre: preempted; job $SLURM_JOB_ID requeued (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of '
+        f'{n})" >&2',
+        "    exit 0", "  fi", by_hand, "fi",
     ]
 
 

@@ -173,3 +173,21 @@ def test_gyre_train_dry_run_with_too_few_job_nodes_fails_with_the_fix():
     done = gyre("train", "configs/gyre_122b.yaml", "--dry-run",
                 env={"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "gpu[01-24]"})
     assert done.returncode == 2 and "submit with -N32 or set cluster.cells=3" in done.stderr
+
+
+@pytest.mark.parametrize("requeue,max_requeues,requeues", [(True, 3, True), (True, 0, False), (False, 3, False)])
+def test_script_requeues_itself_only_on_the_preempted_status_when_configured(requeue, max_requeues, requeues):
+    cfg = load_config(None, [f"slurm.requeue={str(requeue).lower()}", f"slurm.max_requeues={max_requeues}"])
+    text = render_sbatch(cfg, "c.yaml")
+    assert ("scontrol requeue \"$SLURM_JOB_ID\"" in text) == requeues
+    assert ("open-mode" in directives(text)) == requeue  # a requeued job appends to its logs
+    assert "if (( RC == 75 ))" in text and text.rstrip().endswith('exit "$RC"')
+    if requeues:
+        assert f"(( ${{SLURM_RESTART_COUNT:-0}} < {max_requeues} ))" in text
+    else:
+        assert "gyre train c.yaml --resume $RUN_DIR" in text
+
+
+def test_negative_max_requeues_is_refused_by_key():
+    with pytest.raises(ConfigError, match="slurm.max_requeues"):
+        load_config(None, ["slurm.max_requeues=-1"])

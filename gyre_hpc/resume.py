@@ -1,0 +1,128 @@
+"""The resume state of a preempted live run: what rank 0 holds that the core's checkpoint does not.
+
+::
+
+    RUN_DIR/resume/                    one directory, replaced whole (gyre_hpc.io.atomic_dir)
+      state.json                       policy version, steps done, the staleness bookkeeping (SchedState
+                                       counters + every step's lag record), the trajectory buffer (ready,
+                                       untrained groups: gid, TITO file, token versions), run-level counters
+      checkpoint/                      the core's checkpoint of that version (hard links of checkpoints/latest:
+                                       weights, optimizer, version)
+
+A preempted run (SIGTERM or the preemption signal on its ranks) writes it and exits with ``PREEMPTED_EXIT``;
+a run started on a RUN_DIR that holds it (``gyre train CONFIG --resume RUN_DIR``, or the requeued SLURM job
+whose RUN_DIR is named after the same job id) continues from it: same step numbering, same version, same
+admission window. docs/runtime.md (Preemption and resume) describes the whole path.
+
+Invariants (tests/unit/test_resume_state.py)
+- The directory appears only complete: a process killed while writing it leaves the previous resume state
+  (or none) in place, never a mix of two.
+- ``load`` accepts only a state whose checkpoint holds the same version as state.json, with exactly
+  ``steps_done`` step records and a ``lag_sum`` equal to the sum of those records' mean lags; anything else
+  is a ``CheckpointError`` naming the file and the key.
+- ``restore_sched`` gives the state the saved counters; the buffered groups count as ready and unprocessed,
+  nothing is in flight: ``admission_window`` of the restored state equals the saved one.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from gyre_hpc.allocator.state import SchedState
+from gyre_hpc.errors import CheckpointError
+from gyre_hpc.io import atomic_dir
+
+#: exit status of every rank (and of ``gyre train``) that stopped for a preemption with its state saved;
+#: the sbatch script requeues the job on it (EX_TEMPFAIL of sysexits.h: "try again later")
+PREEMPTED_EXIT = 75
+FORMAT = 1
+DIR, STATE, CHECKPOINT = "resume", "state.json", "checkpoint"
+#: SchedState fields saved and restored: the policy version, step count and the staleness bookkeeping
+SCHED_FIELDS = ("version", "steps_done", "trained_batches", "lag_sum", "admitted_queries")
+BUFFER_KEYS = ("gid", "tito", "runs", "trained_tokens", "gen_versions")
+
+
+def resume_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / DIR
+
+
+def exists(run_dir: str | Path) -> bool:
+    return (resume_dir(run_dir) / STATE).is_file()
+
+
+def sched_snapshot(state: SchedState) -> dict[str, Any]:
+    return {k: getattr(state, k) for k in SCHED_FIELDS}
+
+
+def save(run_dir: str | Path, state: dict[str, Any], checkpoint: str | Path) -> Path:
+    """Write ``state`` and hard links of the checkpoint directory ``checkpoint`` as RUN_DIR/resume, atomically."""
+    checkpoint = Path(checkpoint)
+    meta = _checkpoint_version(checkpoint)
+    if meta != state["version"]:
+        raise CheckpointError(f"{checkpoint}: holds version {meta}, the resume state is version {state['version']}")
+    with atomic_dir(resume_dir(run_dir)) as tmp:
+        (tmp / CHECKPOINT).mkdir()
+        for f in sorted(checkpoint.iterdir()):
+            os.link(f, tmp / CHECKPOINT / f.name)  # the core replaces checkpoints/latest whole; links stay valid
+        (tmp / STATE).write_text(json.dumps({"format": FORMAT, **state}, indent=1, sort_keys=True) + "\n")
+    return resume_dir(run_dir)
+
+
+def load(run_dir: str | Path) -> dict[str, Any]:
+    """The checked resume state of ``run_dir`` (``CheckpointError`` naming file and key when it is not usable)."""
+    path = resume_dir(run_dir) / STATE
+    try:
+        state = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no resume state (a run writes it when it is preempted)") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}:{exc.lineno}: not JSON ({exc.msg})") from None
+    _check(path, state)
+    return state
+
+
+def _check(path: Path, state: Any) -> None:
+    need = {"format", "version", "sched", "steps", "buffer", "next_gid", "counters"}
+    if not isinstance(state, dict) or not need <= set(state):
+        raise CheckpointError(f"{path}: a resume state has the keys {sorted(need)}")
+    if state["format"] != FORMAT:
+        raise CheckpointError(f"{path}: format: {state['format']!r}, this gyre_hpc reads {FORMAT}")
+    sched, steps = state["sched"], state["steps"]
+    missing = [k for k in SCHED_FIELDS if k not in sched]
+    if missing:
+        raise CheckpointError(f"{path}: sched.{missing[0]} is missing")
+    if not sched["version"] == state["version"] == len(steps) == sched["steps_done"]:
+        raise CheckpointError(f"{path}: version: {state['version']}, sched.version {sched['version']}, "
+                              f"sched.steps_done {sched['steps_done']} and {len(steps)} step records disagree")
+    lag = sum(max(0.0, s["staleness_mean"]) for s in steps)
+    if abs(lag - sched["lag_sum"]) > 1e-6 * max(1.0, lag) or sched["trained_batches"] != len(steps):
+        raise CheckpointError(f"{path}: sched.lag_sum {sched['lag_sum']} / sched.trained_batches "
+                              f"{sched['trained_batches']} do not match the {len(steps)} step records ({lag})")
+    for i, g in enumerate(state["buffer"]):
+        absent = [k for k in BUFFER_KEYS if k not in g]
+        if absent:
+            raise CheckpointError(f"{path}: buffer[{i}].{absent[0]} is missing")
+    ckpt = path.parent / CHECKPOINT
+    if _checkpoint_version(ckpt) != state["version"]:
+        raise CheckpointError(f"{ckpt}: holds version {_checkpoint_version(ckpt)}, {path} is version "
+                              f"{state['version']}")
+
+
+def _checkpoint_version(checkpoint: Path) -> int | None:
+    try:
+        return json.loads((checkpoint / "meta.json").read_text())["version"]
+    except (FileNotFoundError, KeyError, json.JSONDecodeError):
+        return None
+
+
+def restore_sched(state: SchedState, saved: dict[str, Any], buffered: int, backlog_work_s: float,
+                  now: float) -> None:
+    """Give a fresh ``state`` the saved counters; ``buffered`` groups wait ready and unprocessed."""
+    for k in SCHED_FIELDS:
+        setattr(state, k, type(getattr(state, k))(saved[k]))
+    state.inflight_groups = state.step_groups = 0
+    state.unprocessed_groups = buffered
+    state.backlog_work_s = backlog_work_s
+    state.set_ready(buffered, now)

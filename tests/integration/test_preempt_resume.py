@@ -1,0 +1,129 @@
+"""Preemption and resume through the real runtime: ``gyre train`` (mpirun, 1 + 2 ranks, megatron core, local
+engine, proxy) gets SIGTERM mid-run, saves RUN_DIR/resume and exits 75; ``gyre train --resume RUN_DIR``
+finishes the remaining steps: step numbers and version continue, the staleness counters and the admission
+window are those saved, and the core starts from the saved weights."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from gyre_hpc.allocator.eventlog import read_events
+from gyre_hpc.engines.weights import weights_checksum
+from gyre_hpc.resume import PREEMPTED_EXIT
+from slurm_cluster import mpirun  # noqa: F401  (fixture)
+
+pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 4
+OVERRIDES = ["cluster.cells=2", "scheduler.policy=async", "scheduler.async_train_cells=1", "scheduler.batch_groups=2",
+             f"allocator.steps={STEPS}", "agent.runs_per_group=2", "agent.turns=[1, 2]", "run.name=preempt",
+             "allocator.hello_timeout_s=300", "allocator.heartbeat_timeout_s=300", "proxy.startup_timeout_s=180"]
+TIMEOUT_S = 600
+
+
+def gyre_train(out: Path, *extra: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(ROOT / "configs" / "local.yaml"), "--json",
+           "--set", f"run.out_dir={out}", *extra] + [a for o in OVERRIDES for a in ("--set", o)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)  # interrupt: stacks of the ranks in RUN_DIR/traces/
+        out, err = proc.communicate(timeout=60)
+        pytest.fail(f"gyre train did not end in {TIMEOUT_S} s:\n{err[-4000:]}")
+    return proc.returncode, out, err
+
+
+def steps_done(out: Path) -> int:
+    metrics = list(out.glob("*/metrics.jsonl"))
+    return len(metrics[0].read_text().splitlines()) if metrics else 0
+
+
+@pytest.fixture(scope="module")
+def preempted(mpirun, tmp_path_factory):
+    out = tmp_path_factory.mktemp("preempt")
+    proc = gyre_train(out)
+    deadline = time.time() + TIMEOUT_S
+    while steps_done(out) < 2 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    code, stdout, stderr = finish(proc)
+    (run_dir,) = out.glob("preempt-*")
+    assert code == PREEMPTED_EXIT and (run_dir / "resume").is_dir(), f"exit {code}:\n{stderr[-4000:]}"
+    saved = torch.load(run_dir / "resume" / "checkpoint" / "rank000.pt", weights_only=False)
+    model = {k: v for k, v in saved["model"].items() if isinstance(v, torch.Tensor)}
+    return code, stdout, stderr, run_dir, json.loads((run_dir / "resume" / "state.json").read_text()), \
+        weights_checksum(model), saved["version"]
+
+
+@pytest.fixture(scope="module")
+def resumed(preempted):
+    run_dir = preempted[3]
+    code, stdout, stderr = finish(gyre_train(run_dir.parent, "--resume", str(run_dir)))
+    assert code == 0, stderr[-4000:]
+    return json.loads(stdout.strip().splitlines()[-1]), stderr
+
+
+def test_sigterm_saves_the_resume_state_and_exits_preempted(preempted):
+    code, stdout, stderr, run_dir, state, _, ckpt_version = preempted
+    assert code == PREEMPTED_EXIT, stderr[-4000:]
+    assert json.loads(stdout.strip().splitlines()[-1])["preempted"] is True
+    assert f"--resume {run_dir}" in stderr
+    assert 2 <= state["version"] == ckpt_version == state["sched"]["steps_done"] < STEPS
+    assert [s["version"] for s in state["steps"]] == list(range(1, state["version"] + 1))
+    events = read_events(run_dir / "events.jsonl")
+    (pre,) = [e for e in events if e["event"] == "preempted"]
+    assert pre["signal"] == "SIGUSR1"  # gyre train forwards SIGTERM to mpirun as SIGUSR1
+    assert pre["version"] == state["version"] and pre["buffer"] == [g["gid"] for g in state["buffer"]]
+    assert events[-1]["event"] == "stop" and events[-1]["reason"] == "preempted: SIGUSR1"
+    assert not (run_dir / "summary.json").exists()
+
+
+def test_buffered_groups_were_never_trained_and_carry_their_token_versions(preempted):
+    state = preempted[4]
+    trained = {gid for s in state["steps"] for gid in s["gids"]}
+    assert not trained & {g["gid"] for g in state["buffer"]}
+    assert all(max(g["gen_versions"], default=0) <= state["version"] for g in state["buffer"])
+    assert all(Path(g["tito"]).is_file() for g in state["buffer"])
+
+
+def test_resumed_run_continues_the_step_numbers_and_the_version(preempted, resumed):
+    summary, _ = resumed
+    run_dir, state = preempted[3], preempted[4]
+    assert summary["steps"] == STEPS and summary["segments"] == 2
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+    assert json.loads((run_dir / "weights" / "LATEST.json").read_text())["version"] == STEPS
+    assert summary["stop"]["reason"] == f"{STEPS} optimizer steps done"
+    assert not (run_dir / "resume").exists()  # finished: nothing left to resume
+    first_new = steps[state["version"]]
+    assert first_new["trained_version"] == state["version"]  # trained from the restored version
+
+
+def test_staleness_counters_and_admission_window_are_those_saved(preempted, resumed):
+    run_dir = preempted[3]
+    events = read_events(run_dir / "events.jsonl")
+    (pre,) = [e for e in events if e["event"] == "preempted"]
+    (res,) = [e for e in events if e["event"] == "resumed"]
+    keys = ("version", "steps_done", "trained_batches", "lag_sum", "window", "buffer", "next_gid")
+    assert {k: res[k] for k in keys} == {k: pre[k] for k in keys}
+    step_events = [e for e in events if e["event"] == "step"]
+    assert step_events[-1]["steps_done"] == STEPS  # the allocator counted on from the restored counters
+
+
+def test_the_resumed_core_starts_from_the_saved_weights(preempted, resumed):
+    run_dir, checksum, version = preempted[3], preempted[5], preempted[6]
+    core = json.loads((run_dir / "cells" / "cell0.json").read_text())
+    assert core["restored"] == {"version": version, "checksum": checksum}
