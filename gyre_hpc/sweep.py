@@ -104,9 +104,10 @@ def check_key(key: str, option: str = "--grid") -> None:
         raise ConfigError(f"{option} {key}: is a section, not a value; sweep one of its keys: {', '.join(inside)}")
     near = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
     section = key.split(".")[0]
-    hint = (f"did you mean {' or '.join(near)}?" if near else
-            f"valid keys of {section}: {', '.join(k for k in keys if k.startswith(section + '.'))}"
-            if section in sections else f"sections: {', '.join(sorted(sections))}")
+    hints = [f"did you mean {' or '.join(near)}?"] if near else []
+    hints.append(f"valid keys of {section}: {', '.join(k for k in keys if k.startswith(section + '.'))}"
+                 if section in sections else f"sections: {', '.join(sorted(sections))}")
+    hint = "; ".join(hints)
     raise ConfigError(f"{option} {key}: unknown config key; {hint} (gyre config explain lists every key)")
 
 
@@ -165,14 +166,14 @@ def result_rows(elements: Sequence[Element], outcomes: Sequence[Outcome]) -> lis
     for e, o in zip(elements, outcomes):
         row: dict[str, Any] = {"element": e.index, "status": o.status, **dict(e.sets), "job": o.job_id}
         row.update(o.metrics)
-        row["error"] = error_tail(o.error) if o.status != COMPLETED else ""
+        row["error"] = error_tail(o.error, lines=2) if o.status != COMPLETED else ""
         rows.append(row)
     return rows
 
 
 def columns(rows: Sequence[dict[str, Any]]) -> list[str]:
     cols = list(dict.fromkeys(k for r in rows for k in r))
-    return [c for c in cols if c != "error"] + ["error"]
+    return [c for c in cols if c != "error"] + (["error"] if "error" in cols else [])
 
 
 def _cell(value: Any) -> str:

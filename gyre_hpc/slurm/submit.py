@@ -113,6 +113,7 @@ class RunHandle:
 
     def __init__(self, job, run_dir: Path, kind: str):
         self.job, self.run_dir, self.executor = job, Path(run_dir), kind
+        self._cancelled = False
 
     def __repr__(self) -> str:
         return f"RunHandle(job {self.job_id} on {self.executor}, {self.state}, {self.run_dir})"
@@ -127,7 +128,8 @@ class RunHandle:
             return normal_state(self.job.watcher.get_state(self.job_id, mode="force"), self.executor)
         raw = self.job.state
         outcome = self._local_outcome() if raw.upper() == "FINISHED" else None
-        return normal_state(raw, "local", outcome)
+        state = normal_state(raw, "local", outcome)
+        return "CANCELLED" if self._cancelled and state == "FAILED" else state
 
     def _local_outcome(self) -> bool:
         """Did the finished local job return (rather than raise)? submitit's result pickle says."""
@@ -177,6 +179,7 @@ class RunHandle:
     def cancel(self) -> None:
         """scancel on SLURM; locally SIGTERM, which ``gyre train``'s launcher turns into an orderly stop of
         its ranks (submitit's own SIGINT is followed by SIGKILL after 1 s, which would orphan mpirun)."""
+        self._cancelled = True
         if self.executor == "local" and getattr(self.job, "_process", None) is not None:
             self.job._process.send_signal(signal.SIGTERM)
         else:
