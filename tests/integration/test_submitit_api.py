@@ -56,7 +56,7 @@ def slurm_run(local_slurm, tmp_path_factory):
 def test_submit_on_slurm_returns_the_summary_of_the_live_run(slurm_run):
     run, states, _ = slurm_run
     summary = run.result()
-    assert summary["policy"] == "colocate" and summary["steps"] == 2 and summary["runs_lost"] == 0
+    assert summary["policy"] == "colocate" and summary["steps"] == 2  # run quality: test_live_training.py
     assert summary["run_dir"] == str(run.run_dir)
     assert json.loads((run.run_dir / "summary.json").read_text()) == summary
     assert run.events(tail=1)[0]["event"] == "stop"
