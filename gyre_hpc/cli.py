@@ -17,6 +17,7 @@ COMMANDS = {
     "train": "jobs.train",
     "simulate": "jobs.simulate",
     "submit": "jobs.submit",
+    "sweep": "jobs.sweep",
     "trajectory": "jobs.trajectory",
     "config": "jobs.config",
 }
@@ -25,6 +26,7 @@ _HELP = {
     "train": "run the main job: elastic RL training on the configured cells",
     "simulate": "predict wall time, idle fractions and staleness of scheduling policies",
     "submit": "render the sbatch script from the config and submit it (--dry-run prints it)",
+    "sweep": "run a grid of training or simulator runs as one SLURM job array; CSV, table and plot",
     "trajectory": "inspect, synthesize and pack TITO logs (stats, pack, synth)",
     "config": "explain every config key, or print a resolved config",
 }

@@ -15,21 +15,14 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from gyre_hpc.config import load_config, parse_override
-from gyre_hpc.errors import ConfigError
+from gyre_hpc.config import load_config
+from gyre_hpc.sweep import markdown_table, parse_grid
 
 
 def parse_axes(specs: list[str]) -> list[tuple[str, list[str]]]:
-    """``["a.b=1,2"]`` → ``[("a.b", ["1", "2"])]``; values stay text (the loader types them)."""
-    axes = []
-    for spec in specs:
-        key, sep, values = spec.partition("=")
-        parse_override(spec)  # rejects a malformed key path early
-        items = [v.strip() for v in values.split(",") if v.strip()]
-        if not sep or not items:
-            raise ConfigError(f"--sweep {spec!r}: expected key.path=v1,v2,...")
-        axes.append((key.strip(), items))
-    return axes
+    """``["a.b=1,2"]`` → ``[("a.b", ["1", "2"])]``; values stay text (the loader types them).
+    The parsing and key checks are ``gyre sweep``'s (gyre_hpc.sweep.parse_grid)."""
+    return [(a.key, list(a.values)) for a in parse_grid(specs, option="--sweep")]
 
 
 def run_grid(path: str | None, overrides: list[str], axes: list[tuple[str, list[str]]],
@@ -43,24 +36,26 @@ def run_grid(path: str | None, overrides: list[str], axes: list[tuple[str, list[
     rows = []
     for combo, cfg in cfgs:
         result, _ = compare(cfg)
-        row: dict[str, Any] = {k: v for (k, _), v in zip(axes, combo)}
-        for name, r in result["policies"].items():
-            row[f"{name}_hours"] = round(r["hours"], 3)
-            row[f"{name}_staleness"] = round(r["staleness_mean"], 3)
-        for key, v in result["speedups"].items():
-            if key.startswith("gyre_vs_"):
-                row[key] = round(v, 3)
-        row["frac_queries_ge_4h"] = round(result["workload"]["frac_queries_ge_4h"], 3)
-        row["frac_queries_hit_timeout"] = round(result["workload"]["frac_queries_hit_timeout"], 3)
-        rows.append(row)
+        rows.append({**{k: v for (k, _), v in zip(axes, combo)}, **sim_row(result)})
     return rows
 
 
+def sim_row(result: dict[str, Any]) -> dict[str, Any]:
+    """The table columns of one ``compare`` result: hours and staleness per policy, gyre's speedups, workload."""
+    row: dict[str, Any] = {}
+    for name, r in result["policies"].items():
+        row[f"{name}_hours"] = round(r["hours"], 3)
+        row[f"{name}_staleness"] = round(r["staleness_mean"], 3)
+    for key, v in result["speedups"].items():
+        if key.startswith("gyre_vs_"):
+            row[key] = round(v, 3)
+    row["frac_queries_ge_4h"] = round(result["workload"]["frac_queries_ge_4h"], 3)
+    row["frac_queries_hit_timeout"] = round(result["workload"]["frac_queries_hit_timeout"], 3)
+    return row
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
-    cols = list(rows[0])
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return markdown_table(rows, list(rows[0]))
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -1,0 +1,83 @@
+"""The functions submitit runs inside a job (pickled by reference: they must stay importable module functions).
+
+- ``train_rank``: one task of a SLURM training job = one rank of the live run. It takes its rank from
+  ``submitit.JobEnvironment()``, checks that it agrees with the MPI world and with the layout's placement of
+  that rank, then runs the rank's role through ``gyre train``'s own rank entry point (``jobs.train._rank``).
+  Rank 0 returns the run's summary (summary.json); the other ranks return None.
+- ``train_local``: the local executor's job: ``gyre train``'s mpirun launcher (``jobs.train.launch``) with
+  1 + K ranks on this machine, then the summary.
+- ``simulate_element``: one ``gyre sweep --simulate`` element: ``compare`` on the element's config, one row.
+
+Invariants
+- A rank never runs its role in a world it does not expect: JobEnvironment's (global_rank, num_tasks) must equal
+  MPI's (rank, size) and num_tasks must be 1 + cluster.cells, else ``LayoutError`` saying how it was launched.
+- The job reads the config the submitter validated (RUN_DIR/config.yaml, written before submission).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from gyre_hpc.config import load_config
+from gyre_hpc.errors import GyreError, LayoutError
+
+
+def _args(config: str, run_dir: str) -> argparse.Namespace:
+    return argparse.Namespace(config=config, overrides=[], run_dir=run_dir, json=False, sync=False, dry_run=False)
+
+
+def _summary(run_dir: Path, how: str) -> dict[str, Any]:
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        raise GyreError(f"the live run ended ({how}) without a summary; see {run_dir} (events.jsonl, cells/)")
+    return json.loads(path.read_text())
+
+
+def check_world(job_rank: int, job_tasks: int, mpi_rank: int, mpi_size: int, cells: int) -> None:
+    """The rank submitit reports is the MPI rank, in a world of 1 + cells ranks."""
+    fix = "submit with gyre_hpc.submit (srun --mpi=pmix, one task per rank: gyre_hpc.slurm.jobspec)"
+    if job_tasks != 1 + cells:
+        raise LayoutError(f"the job has {job_tasks} tasks but 1 allocator + cluster.cells={cells} ranks are "
+                          f"needed; {fix}")
+    if (job_rank, job_tasks) != (mpi_rank, mpi_size):
+        raise LayoutError(f"submitit says rank {job_rank} of {job_tasks} but MPI says rank {mpi_rank} of "
+                          f"{mpi_size}: the tasks did not form one MPI world; {fix}")
+
+
+def train_rank(config: str, run_dir: str) -> dict[str, Any] | None:
+    import submitit
+    from mpi4py import MPI
+
+    from gyre_hpc.slurm import env as slurm_env
+    from gyre_hpc.slurm.layout import plan_from_env
+    from jobs.train import _rank
+
+    cfg = load_config(config)
+    job = submitit.JobEnvironment()
+    world = MPI.COMM_WORLD
+    check_world(job.global_rank, job.num_tasks, world.Get_rank(), world.Get_size(), cfg.cluster.cells)
+    env = slurm_env.from_environ()
+    plan_from_env(cfg.cluster, env).placement_from_env(env)  # on the node the layout gives this rank
+    _rank(cfg, _args(config, run_dir))
+    return _summary(Path(run_dir), "srun") if job.global_rank == 0 else None
+
+
+def train_local(config: str, run_dir: str) -> dict[str, Any]:
+    from jobs.train import launch
+
+    cfg = load_config(config)
+    code = launch(_args(config, run_dir), cfg.cluster.cells, Path(run_dir))
+    summary = _summary(Path(run_dir), f"mpirun exit {code}")
+    if code != 0:
+        raise GyreError(f"mpirun exited with {code}; see {run_dir} (mpirun.log, cells/, traces/)")
+    return summary
+
+
+def simulate_element(config: str | None, overrides: list[str]) -> dict[str, Any]:
+    from gyre_hpc.allocator.sim.compare import compare
+    from gyre_hpc.allocator.sim.sweep import sim_row
+
+    result, _ = compare(load_config(config, overrides))
+    return sim_row(result)
