@@ -265,7 +265,8 @@ class ProxyConfig:
     drain_timeout_s: float = param(60.0, "A drain waits this long for the engine's requests to leave it.")
     abort_retry_s: float = param(0.2, "While draining, /abort_request is re-sent at this interval to requests left.")
     event_log: str | None = param(None, "JSONL file the proxy appends its events to (moves, engines); null = none.")
-    startup_timeout_s: float = param(30.0, "Seconds start_proxy waits for the proxy's /health.")
+    startup_timeout_s: float = param(
+        120.0, "Seconds start_proxy waits for the proxy's /health (its imports are slow on a loaded machine).")
 
     def check(self) -> None:
         require(1 <= self.port <= 65535, "port", f"must be a TCP port, got {self.port}")

@@ -234,6 +234,28 @@ def _rank(cfg, args: argparse.Namespace) -> int:
     transport = MpiTransport(1 + cfg.cluster.cells)
     _traceback_on_signal(run_dir / "traces" / f"rank{transport.rank}.txt")
     comm = open_data_comm()
+    with _abort_world_on_error(transport.rank):
+        return _role(cfg, args, run_dir, transport, comm, preemption)
+
+
+@contextlib.contextmanager
+def _abort_world_on_error(rank: int):
+    """A rank that raises ends the whole MPI world at once (MPI_Abort), after printing why: otherwise the
+    other ranks wait for it in a collective (or MPI_Finalize's fence) and the job hangs instead of failing."""
+    try:
+        yield
+    except BaseException:
+        import traceback
+
+        from mpi4py import MPI
+
+        print(f"gyre train: rank {rank} failed; ending the MPI world", file=sys.stderr)
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+
+def _role(cfg, args: argparse.Namespace, run_dir: Path, transport, comm, preemption) -> int:
     if transport.rank == 0:
         from gyre_hpc.runtime.root import run_root
 
