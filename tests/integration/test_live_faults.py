@@ -25,7 +25,8 @@ pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytes
 OVERRIDES = [
     "cluster.cells=3", "scheduler.policy=colocate", "scheduler.batch_groups=2", "allocator.steps=2",
     "agent.runs_per_group=4", "agent.turns=[2, 3]", "agent.timeout_s=120", "run.name=faults",
-    "allocator.hello_timeout_s=300",
+    # a loaded 2-core machine starts processes slowly; nothing here depends on a quick heartbeat timeout
+    "allocator.hello_timeout_s=300", "proxy.startup_timeout_s=300", "allocator.heartbeat_timeout_s=300",
 ]
 
 
