@@ -206,6 +206,8 @@ class EngineConfig:
     request_timeout_s: float = param(600.0, "Client read timeout for one engine call, in seconds.")
     connect_retries: int = param(3, "Client retries of a refused or dropped connection (never of an answered call).")
     sglang_args: tuple[str, ...] = param((), "Extra command-line arguments for sglang.launch_server (kind sglang).")
+    max_restarts: int = param(3, "Times a rollout cell restarts its engine after the process died on its own; "
+                                 "at one more death the cell gives up (CellFailed, the allocator marks it LOST).")
 
     def check(self) -> None:
         for key in ("max_running_requests", "max_waiting_requests", "context_len", "default_max_new_tokens",
@@ -213,6 +215,7 @@ class EngineConfig:
             require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         require(1 <= self.port_base <= 65535, "port_base", f"must be a TCP port, got {self.port_base}")
         require(self.connect_retries >= 0, "connect_retries", f"must be >= 0, got {self.connect_retries}")
+        require(self.max_restarts >= 0, "max_restarts", f"must be >= 0, got {self.max_restarts}")
         for key in ("startup_timeout_s", "request_timeout_s"):
             require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
         require(self.initial_weight_version != "", "initial_weight_version", "must not be empty")

@@ -11,6 +11,9 @@ Invariants (tests/unit/test_allocator_live.py)
 - A message from cell c's rank must be about cell c; a LOST cell's messages are rejected, and no order
   (``SwitchTo``) is ever produced for a LOST cell.
 - ``SwitchDone`` must answer the pending order of that cell (same order id and target role).
+- ``EngineDied`` / ``EngineRestarted`` come only from a cell that rolls out (ROLLOUT, or DRAINING: the order to
+  train may not have reached it yet); they are logged and change no state (the cell keeps its role, the proxy
+  re-places the dead engine's runs and its next ``RunsChanged`` shows where).
 - Only the core cell reports optimizer steps; a step raises the version by exactly one.
 - ``RunsChanged`` is an absolute snapshot (runs per cell, runs ended in all): a newer one supersedes an
   older, so a rejected one loses nothing. Runs reported on a LOST cell count as parked.
@@ -22,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gyre_hpc.allocator import transitions as tr
-from gyre_hpc.allocator.messages import (Bye, CellFailed, Event, GroupsReady, Heartbeat, Hello, RunsChanged,
-                                         SwitchDone, SwitchTo, TrainProgress, Welcome)
+from gyre_hpc.allocator.messages import (Bye, CellFailed, EngineDied, EngineRestarted, Event, GroupsReady, Heartbeat,
+                                         Hello, RunsChanged, SwitchDone, SwitchTo, TrainProgress, Welcome)
 from gyre_hpc.allocator.policies import Policy
 from gyre_hpc.allocator.state import CellState, SchedState
 from gyre_hpc.allocator.types import Admit, Role, Switch, WakeAt
@@ -153,6 +156,22 @@ class LiveExecutor:
         if step:
             rec.update(event="step", steps_done=st.steps_done, mean_lag=m.mean_lag)
         return rec
+
+    def _on_EngineDied(self, m: EngineDied, now: float) -> dict:
+        self._rolling_out(m)
+        return {"event": "engine_died", "cell": m.cell, "pid": m.pid, "exit_code": m.exit_code, "engine": m.engine,
+                "calls_moved": m.calls_moved, "runs_moved": m.runs_moved, "calls_lost": m.calls_lost}
+
+    def _on_EngineRestarted(self, m: EngineRestarted, now: float) -> dict:
+        self._rolling_out(m)
+        return {"event": "engine_restarted", "cell": m.cell, "pid": m.pid, "start_s": m.start_s,
+                "version": m.version, "engine": m.engine, "restarts": m.restarts}
+
+    def _rolling_out(self, m: Event) -> None:
+        role = self.state.cells[m.cell].role
+        if role not in (Role.ROLLOUT, Role.DRAINING):
+            raise ProtocolError(f"{type(m).__name__}: cell {m.cell} is {role.value}; only a rolling-out cell "
+                                f"has an engine")
 
     def _on_CellFailed(self, m: CellFailed, now: float) -> dict:
         return self.lose(m.cell, now, f"failed: {m.reason}")

@@ -3,7 +3,8 @@
 Cell → allocator (**events**): ``Hello`` (the cell is up), ``Heartbeat``, ``SwitchDone`` (a role transition
 finished, with its timing breakdown), ``RunsChanged`` (where the unfinished runs are), ``GroupsReady`` (groups
 whose runs all ended), ``TrainProgress`` (groups processed, optimizer step done → new version),
-``CellFailed`` (the cell gave up, e.g. its engine died and did not come back), ``Bye`` (answer to Shutdown).
+``EngineDied`` / ``EngineRestarted`` (a rollout cell's engine process exited on its own, and the cell started a new
+one), ``CellFailed`` (the cell gave up, e.g. its engine died and did not come back), ``Bye`` (answer to Shutdown).
 ``RunsChanged`` and ``GroupsReady`` usually come from rank 0 itself (the proxy knows where runs are, the
 harness when groups complete); they take the same path through ``AllocatorServer.post``.
 
@@ -193,6 +194,42 @@ class TrainProgress(_Message):
 
 
 @dataclass(frozen=True)
+class EngineDied(_Message):
+    """Cell ``cell``'s engine process ``pid`` exited on its own with ``exit_code`` (Popen's: -N = killed by signal
+    N). The proxy moved ``calls_moved`` of its calls (of ``runs_moved`` runs) to other engines; ``calls_lost``
+    of them could not be moved. Information only: the cell stays in its role and restarts the engine."""
+
+    cell: int
+    pid: int
+    exit_code: int
+    engine: str = ""
+    calls_moved: int = 0
+    runs_moved: int = 0
+    calls_lost: int = 0
+
+    def _check(self) -> None:
+        _nonneg(self, "calls_moved", "runs_moved", "calls_lost")
+
+
+@dataclass(frozen=True)
+class EngineRestarted(_Message):
+    """Cell ``cell`` serves again: engine ``pid`` (``engine`` in the proxy) started in ``start_s`` seconds on
+    weights of ``version``; ``restarts`` counts this cell's restarts so far."""
+
+    cell: int
+    pid: int
+    start_s: float
+    version: int
+    engine: str = ""
+    restarts: int = 1
+
+    def _check(self) -> None:
+        _nonneg(self, "start_s")
+        if self.restarts < 1:
+            raise ProtocolError(f"EngineRestarted.restarts: must be >= 1, got {self.restarts}")
+
+
+@dataclass(frozen=True)
 class CellFailed(_Message):
     cell: int
     reason: str
@@ -245,7 +282,8 @@ class Shutdown(_Message):
         _check_counts(self, "lost")
 
 
-Event = Hello | Heartbeat | SwitchDone | RunsChanged | GroupsReady | TrainProgress | CellFailed | Bye
+Event = (Hello | Heartbeat | SwitchDone | RunsChanged | GroupsReady | TrainProgress | EngineDied | EngineRestarted
+         | CellFailed | Bye)
 OrderMessage = Welcome | SwitchTo | Shutdown
 Message = Event | OrderMessage
 EVENTS: Mapping[str, type] = {c.__name__: c for c in typing.get_args(Event)}

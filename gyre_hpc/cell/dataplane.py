@@ -12,9 +12,17 @@ The hub (``runtime.hub``) hands each optimizer step exactly ``batch_groups`` rea
 only to cells that the allocator's state has in TRAIN; the core steps once it holds the gradients of all of
 them (its own and the satellites'). Payloads are plain Python/numpy objects (pickled by mpi4py).
 
-Invariants (tests/integration/test_live_training.py)
+A group can reach the core twice: when the allocator marks a satellite LOST (hung: heartbeats stopped) the hub
+hands the groups it held to another training cell, and the lost satellite may still deliver them later, or
+may have delivered them just before it was found silent. The core's ``GradLedger`` takes each group once per
+version and drops the other copy and any gradient of an older version.
+
+Invariants (tests/integration/test_live_training.py, tests/integration/test_hub_recovery.py)
 - A message on the data plane never uses the control communicator, and every payload names the policy
-  version it belongs to; a gradient of another version than the core's is refused (``ProtocolError``).
+  version it belongs to.
+- ``GradLedger``: the core sums the gradients of each group at most once per version, and only of its current
+  version (a newer version is a ``ProtocolError``); a dropped copy never stops the step, whose
+  ``batch_groups`` groups are distinct.
 """
 from __future__ import annotations
 
@@ -24,6 +32,8 @@ from typing import Any
 
 import numpy as np
 from mpi4py import MPI
+
+from gyre_hpc.errors import ProtocolError
 
 WANT, GROUP, GRADS, STEPPED = 11, 12, 13, 14
 HUB = 0
@@ -47,6 +57,34 @@ class Group:
     runs: int = 0
     t_ready: float = 0.0  # rank 0 wall clock when the group became ready
     gen_versions: tuple = ()  # distinct versions that generated its tokens
+
+
+class GradLedger:
+    """The groups whose gradients the core holds for its current ``version``."""
+
+    def __init__(self, version: int):
+        self.version = version
+        self.gids: list[int] = []
+        self.dropped: list[dict] = []
+
+    def take(self, version: int, gid: int) -> bool:
+        """True if group ``gid``'s gradients of ``version`` belong to this step; a late or second copy is
+        recorded in ``dropped`` and refused."""
+        if version > self.version:
+            raise ProtocolError(f"gradients of version {version} (group {gid}) reached the core at version "
+                                f"{self.version}: no cell can hold weights the core has not made")
+        why = "stale" if version < self.version else "duplicate" if gid in self.gids else None
+        if why is not None:
+            self.dropped.append({"gid": gid, "version": version, "core_version": self.version, "why": why})
+            return False
+        self.gids.append(gid)
+        return True
+
+    def stepped(self) -> list[int]:
+        """The optimizer step was taken: the next version starts empty; returns the step's groups."""
+        gids, self.gids = self.gids, []
+        self.version += 1
+        return gids
 
 
 def poll(comm: Any, tag: int, source: int = MPI.ANY_SOURCE) -> tuple[int, Any] | None:

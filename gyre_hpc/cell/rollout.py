@@ -7,10 +7,18 @@ registers it with the proxy under a fresh name. ``refresh()`` loads a newer vers
 version). ``leave()`` asks the proxy to drain the cell — its calls move to other engines without the harness
 seeing an error — removes it, then stops the engine by PID.
 
+An engine that exits on its own (crash, OOM kill, SIGKILL) is found by ``dead()`` (the runner polls the Popen
+in every pass); ``reap()`` marks it dead in the proxy — which resubmits its calls elsewhere from the tokens kept
+before (often it has already noticed the broken connections itself) —, removes it, and returns the proxy's
+``move`` records for it; the runner then ``start()``s a new engine on the newest weights.
+
 Invariants (tests/integration/test_live_training.py)
 - An engine is registered with the proxy only once it is healthy, and removed from the proxy before it stops,
   so the proxy never routes a new call to a stopping engine.
 - The engine serves the newest version the core has written (checked at every ``refresh``).
+- A dead engine is removed from the proxy before a new one is registered; a refresh that fails because the
+  engine just died is left to the restart, which loads the newest version anyway
+  (tests/integration/test_live_faults.py).
 """
 from __future__ import annotations
 
@@ -20,6 +28,9 @@ from pathlib import Path
 
 from gyre_hpc.cell import store
 from gyre_hpc.config import GyreConfig
+from gyre_hpc.errors import EngineError
+
+MOVES_WAIT_S = 5.0  # how long reap() waits for the proxy to log the moves of the dead engine's calls
 
 
 class RolloutSide:
@@ -30,6 +41,8 @@ class RolloutSide:
         self.version = -1
         self.starts = 0
         self.updates = 0
+        self.name = ""
+        self.deaths: list[dict] = []
 
     @property
     def running(self) -> bool:
@@ -53,8 +66,9 @@ class RolloutSide:
         self.client = self.handle.client(timeout=engine.request_timeout_s)
         self.version = int(self.client.weight_version())
         t1 = time.perf_counter()
+        self.name = f"cell{self.cell}-e{self.starts}"
         with ProxyClient(self.proxy_url, timeout=30.0) as proxy:
-            proxy.add_engine(self.handle.url, cell=self.cell, name=f"cell{self.cell}-e{self.starts}")
+            proxy.add_engine(self.handle.url, cell=self.cell, name=self.name)
         self.refresh()
         return {"engine_start_s": t1 - t0, "register_s": time.perf_counter() - t1}
 
@@ -63,13 +77,37 @@ class RolloutSide:
         latest = store.read_latest(self.run_dir)
         if self.client is None or latest is None or latest["version"] <= self.version:
             return False
-        self.client.update_weights_from_disk(latest["path"], str(latest["version"]))
+        try:
+            self.client.update_weights_from_disk(latest["path"], str(latest["version"]))
+        except EngineError:
+            if self.alive():
+                raise
+            return False  # it died: the restart starts on the newest weights
         self.version = latest["version"]
         self.updates += 1
         return True
 
     def alive(self) -> bool:
         return self.handle is not None and self.handle.alive()
+
+    def dead(self) -> bool:
+        """True when the cell has an engine whose process exited without being stopped."""
+        return self.handle is not None and not self.handle.alive()
+
+    def reap(self) -> dict:
+        """Take the dead engine out of the proxy; returns {pid, exit_code, engine, calls_moved, runs_moved}."""
+        from gyre_hpc.proxy.client import ProxyClient
+
+        pid, code, name = self.handle.pid, self.handle.process.returncode, self.name
+        self.stop()
+        with ProxyClient(self.proxy_url, timeout=self.cfg.proxy.drain_timeout_s + 30.0) as proxy:
+            proxy.mark_dead(engine=name, reason=f"engine process {pid} exited with {code}")  # no-op if it knew
+            proxy.remove(engine=name)
+            moves = _moves_of(proxy, name)
+        rec = {"pid": pid, "exit_code": code, "engine": name, "calls_moved": len(moves),
+               "runs_moved": len({m["run_id"] for m in moves})}
+        self.deaths.append({**rec, "t": time.time()})
+        return rec
 
     def leave(self) -> dict:
         """Drain the cell in the proxy, remove it, stop the engine; returns the timing breakdown."""
@@ -90,3 +128,16 @@ class RolloutSide:
         if self.handle is not None:
             self.handle.stop()
         self.handle = self.client = None
+
+
+def _moves_of(proxy, name: str) -> list[dict]:
+    """The proxy's ``move`` records of calls that left the dead engine ``name``, once all it had in flight moved
+    (or after MOVES_WAIT_S: a call still waiting for an engine is logged later)."""
+    deadline = time.monotonic() + MOVES_WAIT_S
+    while True:
+        events = proxy.events()
+        dead = [e for e in events if e["event"] == "engine_dead" and e["engine"] == name]
+        moves = [e for e in events if e["event"] == "move" and e["from_engine"] == name and e["reason"] == "dead"]
+        if len(moves) >= sum(e["in_flight"] for e in dead) or time.monotonic() > deadline:
+            return moves
+        time.sleep(0.05)

@@ -9,6 +9,9 @@
                        satellite: pull the core's weights over Mooncake (checksums)   ─▶ SwitchDone(timing)
     SwitchTo(ROLLOUT): (the group in hand is finished first) · core: report its groups ·
                        start the engine on the newest weights · register with the proxy ─▶ SwitchDone(timing)
+    engine died:       (ROLLOUT, the Popen polled every pass) the proxy takes it out and moves its calls ─▶
+                       EngineDied · start a new engine on the newest weights ─▶ EngineRestarted
+                       (after engine.max_restarts restarts, or a failed start: CellFailed, the cell ends)
     Shutdown:          stop the engine · write cells/cell<c>.json · Bye
     preemption signal: noted (no more weight refreshes: under SLURM it may have reached the engine too); the
                        run goes on until rank 0's Shutdown("preempted: ..."), after which ``preempted`` is true
@@ -26,6 +29,8 @@ Invariants (tests/integration/test_live_training.py)
 - A satellite's weight pull that fails after Shutdown came (the core closed its weights when the run ended) ends
   the cell in order (Bye) instead of crashing the rank, which would fail the whole SLURM step
   (tests/integration/test_slurm_live.py); a pull that fails while the run goes on still raises.
+- A rolling-out cell whose engine died reports it (``EngineDied``) and serves again with a new engine on the
+  newest weights (``EngineRestarted``) before it acts on any order (tests/integration/test_live_faults.py).
 """
 from __future__ import annotations
 
@@ -35,13 +40,14 @@ import time
 from pathlib import Path
 
 from gyre_hpc.allocator.cell_link import CellLink
-from gyre_hpc.allocator.messages import Shutdown, SwitchDone, SwitchTo, TrainProgress
+from gyre_hpc.allocator.messages import (CellFailed, EngineDied, EngineRestarted, Shutdown, SwitchDone, SwitchTo,
+                                         TrainProgress)
 from gyre_hpc.allocator.types import Role
 from gyre_hpc.cell import dataplane as dp
 from gyre_hpc.cell.rollout import RolloutSide
 from gyre_hpc.cell.training import CoreTrainer, SatelliteTrainer
 from gyre_hpc.config import GyreConfig
-from gyre_hpc.errors import TransferError
+from gyre_hpc.errors import GyreError, TransferError
 from gyre_hpc.io import atomic_write_json
 from gyre_hpc.runtime.preempt import Preemption
 
@@ -70,6 +76,7 @@ class CellRunner:
         self.signalled = preemption or Preemption()  # rank 0 coordinates; a cell only notes the signal
         self.preempted = False
         self._carry_stats()
+        self.failed = ""  # why the cell gave up (CellFailed sent): it ends without Bye
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict:
@@ -96,6 +103,8 @@ class CellRunner:
                 if self.role is Role.TRAIN and not self.stash:
                     self._train_once()
                 elif not self.signalled.requested:
+                    if not self._keep_engine():
+                        break
                     self.rollout.refresh()
         finally:
             if self.is_core:  # take what satellites still send, so none of them waits on the core
@@ -108,7 +117,8 @@ class CellRunner:
             if self.trainer is not None:
                 self.trainer.close()
             self.pool.shutdown(wait=False)
-        self.link.bye()
+        if not self.failed:  # a failed cell is LOST: the allocator expects nothing more from it
+            self.link.bye()
         return stats
 
     def _busy(self, fn, *args):
@@ -119,6 +129,32 @@ class CellRunner:
                 return fut.result(timeout=0.05)
             except concurrent.futures.TimeoutError:
                 self.link.beat()
+
+    # ------------------------------------------------------------------ engine failures
+    def _keep_engine(self) -> bool:
+        """Restart an engine that died on its own; False once the cell gave up (CellFailed sent)."""
+        if not self.rollout.dead():
+            return True
+        died = self._busy(self.rollout.reap)
+        self.link.send(EngineDied(cell=self.cell, **died))
+        restarts = len(self.rollout.deaths)
+        if restarts > self.cfg.engine.max_restarts:
+            return self._give_up(f"engine died {restarts} times (engine.max_restarts={self.cfg.engine.max_restarts})")
+        try:
+            timing = self._busy(self.rollout.start)
+        except GyreError as exc:
+            return self._give_up(f"engine restart failed: {exc}")
+        start_s = timing["engine_start_s"] + timing["register_s"]
+        self.rollout.deaths[-1]["restart_s"] = start_s
+        self.link.send(EngineRestarted(cell=self.cell, pid=self.rollout.handle.pid, start_s=start_s,
+                                       version=max(self.rollout.version, 0), engine=self.rollout.name,
+                                       restarts=restarts))
+        return True
+
+    def _give_up(self, reason: str) -> bool:
+        self.failed = reason
+        self.link.send(CellFailed(cell=self.cell, reason=reason))
+        return False
 
     # ------------------------------------------------------------------ switches
     def _switch(self, order: SwitchTo) -> None:
@@ -176,8 +212,8 @@ class CellRunner:
         seconds = time.perf_counter() - t0
         lag = dp.lag_stats(group.batch, version)
         if self.is_core:
-            self.work_s += seconds
-            self.trainer.add(version, z, grads, loss, lag)
+            if self.trainer.add(version, group.gid, z, grads, loss, lag):
+                self.work_s += seconds
         else:
             self._send_data({"version": version, "gid": group.gid, "z": z, "grads": grads, "loss": loss,
                              "lag": lag, "seconds": seconds}, CORE + 1, dp.GRADS)
@@ -222,9 +258,9 @@ class CellRunner:
 
     def _core_poll(self) -> None:
         while (got := dp.poll(self.comm, dp.GRADS)) is not None:
-            g = got[1]
-            self.work_s += g["seconds"]
-            self.trainer.add(g["version"], g["z"], g["grads"], g["loss"], tuple(g["lag"]))
+            g = got[1]  # a late copy of a group re-issued after its satellite was lost is dropped
+            if self.trainer.add(g["version"], g["gid"], g["z"], g["grads"], g["loss"], tuple(g["lag"])):
+                self.work_s += g["seconds"]
         if self.role is not Role.TRAIN:
             return
         if self.trainer.groups >= self.cfg.scheduler.batch_groups:
@@ -254,6 +290,8 @@ class CellRunner:
         pulls = self.earlier.get("pulls", []) + getattr(self.trainer, "pulls", [])
         stats = {"cell": self.cell, "core": self.is_core, "switches": self.switches, "pulls": pulls,
                  "engine_starts": self.rollout.starts, "weight_updates": self.rollout.updates,
+                 "engine_deaths": self.rollout.deaths, "failed": self.failed,
+                 "grads_dropped": self.trainer.ledger.dropped if self.is_core else [],
                  "version": getattr(self.trainer, "version", None),
                  "restored": getattr(self.trainer, "restored", None), "preempted": self.preempted}
         atomic_write_json(self.run_dir / "cells" / f"cell{self.cell}.json", stats)

@@ -15,6 +15,8 @@ Invariants (tests/integration/test_live_training.py)
 - A resumed core (RUN_DIR/resume exists) starts from the saved checkpoint: weights, optimizer and version as
   they were after the last step before the preemption; ``restored`` records that version and the weights'
   checksum.
+- The core sums each group at most once per step, and only gradients of its current version (``dp.GradLedger``:
+  a group re-issued after a satellite was lost may arrive twice, or late).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import torch
 from gyre_hpc.cell import dataplane as dp
 from gyre_hpc.cell import store
 from gyre_hpc.config import GyreConfig
-from gyre_hpc.errors import ProtocolError, TransferError
+from gyre_hpc.errors import TransferError
 
 
 class _Side:
@@ -56,6 +58,7 @@ class CoreTrainer(_Side):
         self.restored = self._restore()
         self.publisher = make_publisher(cfg.transfer)
         self.reset_step()
+        self.ledger = dp.GradLedger(self.version)
         self.unreported = 0
         self.publish()
 
@@ -79,10 +82,11 @@ class CoreTrainer(_Side):
     def version(self) -> int:
         return self.trainer.version
 
-    def add(self, version: int, z: float, grads: dict, loss: float, lag: tuple) -> None:
-        """Take one group's gradients (own or a satellite's) for ``version``."""
-        if version != self.version:
-            raise ProtocolError(f"gradients of version {version} reached the core at version {self.version}")
+    def add(self, version: int, gid: int, z: float, grads: dict, loss: float, lag: tuple) -> bool:
+        """Take group ``gid``'s gradients (own or a satellite's) for ``version``; False (nothing added) for a
+        copy the step already holds or one of an older version (``dp.GradLedger``)."""
+        if not self.ledger.take(version, gid):
+            return False
         for k, g in grads.items():
             self.acc[k] = self.acc[k] + z * g if k in self.acc else z * g
         self.z += z
@@ -90,6 +94,7 @@ class CoreTrainer(_Side):
         self.groups += 1
         self.unreported += 1
         self.lag = [self.lag[0] + lag[0], self.lag[1] + lag[1], max(self.lag[2], lag[2])]
+        return True
 
     def step(self) -> dict:
         """Apply the summed gradients (AdamW), publish the new version; returns the step's record."""
@@ -103,13 +108,14 @@ class CoreTrainer(_Side):
         tr.optimizer.step()
         tr.optimizer.zero_grad(set_to_none=True)
         tr.version += 1
+        gids = self.ledger.stepped()
         t1 = time.perf_counter()
         pub = self.publish()
         lag_tokens = max(self.lag[1], 1)
         rec = {"version": tr.version, "groups": self.groups, "trained_tokens": int(self.z),
                "loss": self.loss_sum / self.z if self.z else None, "grad_norm": norm,
                "staleness_mean": self.lag[0] / lag_tokens, "staleness_max": self.lag[2],
-               "lag_tokens": self.lag[1], "optimizer_s": t1 - t0, **pub}
+               "lag_tokens": self.lag[1], "optimizer_s": t1 - t0, "gids": gids, **pub}
         self.reset_step()
         return rec
 

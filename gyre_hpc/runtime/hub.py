@@ -17,9 +17,18 @@ Preemption: ``freeze()`` answers every WANT with ``None`` from then on; once no 
 groups out for the unfinished step first (their gradients are dropped with the core's partial sums), then
 the ready ones, in completion order. ``restore`` puts a saved buffer back before the first WANT.
 
-Invariants (tests/integration/test_live_training.py)
+A lost training cell (the allocator marked it LOST: hung, heartbeats stopped) never sends the gradients of the
+groups it holds, and the core would wait for them forever. In every ``poll`` the hub puts the groups handed to
+a LOST cell for the current version back at the front of the ready queue (``groups_reissued`` in the event
+log), so the next WANT of a training cell — the core's own included — takes them for the same version. The
+core takes each group once (``dp.GradLedger``) and names the groups it stepped on in STEPPED; a re-issued group
+whose gradients had reached the core before the loss was noticed is then dropped from the queue, not trained
+again.
+
+Invariants (tests/integration/test_live_training.py, tests/integration/test_hub_recovery.py)
 - Each ready group goes out exactly once, in completion order, and each version gets exactly
-  ``batch_groups`` groups.
+  ``batch_groups`` groups; the one exception is a group a LOST cell held, which goes out again, first, for the
+  same version, and is trained in exactly one step.
 - Per-token staleness = the version a group is trained at − the version that generated the token.
 """
 from __future__ import annotations
@@ -34,15 +43,17 @@ from gyre_hpc.cell import dataplane as dp
 
 class Hub:
     def __init__(self, comm: Any, batch_groups: int, streaming: bool, role_of: Callable[[int], Role],
-                 on_step: Callable[[dict], None], burst_open: Callable[[], bool] = lambda: True):
+                 on_step: Callable[[dict], None], burst_open: Callable[[], bool] = lambda: True,
+                 on_event: Callable[[dict], None] = lambda rec: None):
         self.comm, self.B, self.streaming = comm, batch_groups, streaming
-        self.burst_open = burst_open
+        self.burst_open, self.on_event = burst_open, on_event
         self.role_of, self.on_step = role_of, on_step
         self.incoming: queue.SimpleQueue[dp.Group] = queue.SimpleQueue()
         self.ready: deque[dp.Group] = deque()
         self.version = 0
         self.handed: list[dp.Group] = []  # groups out for the current version
         self.handed_to: dict[int, int] = {}
+        self.issued: dict[int, dp.Group] = {}  # every group handed for the current version, re-issued ones too
         self.frozen = False
 
     @property
@@ -69,8 +80,8 @@ class Hub:
 
     def poll(self) -> bool:
         """Answer waiting requests and take step records; True if anything happened."""
-        busy = False
         self._take_incoming()
+        busy = self._reissue_lost()
         while (got := dp.poll(self.comm, dp.STEPPED)) is not None:
             busy = True
             self._stepped(got[1])
@@ -100,10 +111,26 @@ class Hub:
         group = self.ready.popleft()
         self.handed.append(group)
         self.handed_to[group.gid] = cell
+        self.issued[group.gid] = group
         return group
 
+    def _reissue_lost(self) -> bool:
+        """Put the groups LOST cells hold back at the front of the ready queue, in their order; True if any."""
+        lost = [g for g in self.handed if self.role_of(self.handed_to[g.gid]) is Role.LOST]
+        if not lost:
+            return False
+        gone = {g.gid for g in lost}
+        self.handed = [g for g in self.handed if g.gid not in gone]
+        self.ready.extendleft(reversed(lost))
+        for cell in sorted({self.handed_to[g.gid] for g in lost}):
+            self.on_event({"event": "groups_reissued", "cell": cell, "version": self.version,
+                           "gids": [g.gid for g in lost if self.handed_to[g.gid] == cell]})
+        return True
+
     def _stepped(self, rec: dict) -> None:
-        groups = self.handed
+        trained = set(rec.get("gids", [g.gid for g in self.handed]))
+        groups = [self.issued[gid] for gid in self.issued if gid in trained]
+        self.ready = deque(g for g in self.ready if g.gid not in trained)  # re-issued, but the core had it
         rewards = [r for g in groups for r in g.rewards]
         rec = {**rec, "step": rec["version"], "trained_version": self.version,
                "reward": sum(rewards) / len(rewards) if rewards else None, "scored_runs": len(rewards),
@@ -111,4 +138,5 @@ class Hub:
                "cells": sorted({self.handed_to.pop(g.gid) for g in groups})}
         self.version = rec["version"]
         self.handed = []
+        self.issued = {}
         self.on_step(rec)

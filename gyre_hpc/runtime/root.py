@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from gyre_hpc import resume
-from gyre_hpc.allocator.eventlog import EventLog
+from gyre_hpc.allocator.eventlog import EventLog, read_events
 from gyre_hpc.allocator.policies import make_policy
 from gyre_hpc.allocator.server import AllocatorServer
 from gyre_hpc.allocator.types import Role
@@ -125,7 +125,7 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
             return policy.mu is None or server.state.burst_steps + unapplied < policy.mu
 
         hub = Hub(comm, cfg.scheduler.batch_groups, policy.streaming, lambda c: server.state.cells[c].role, on_step,
-                  burst_open=burst_open)
+                  burst_open=burst_open, on_event=lambda rec: server.log.write(rec))
         rollouts = Rollouts(cfg, run_dir, proxy.url, hub.offer)
         preemption.on_signal = rollouts.close  # from the signal on, no group starts or joins the buffer
         if preemption.requested:
@@ -212,6 +212,7 @@ def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollou
     rewards = [s["reward"] for s in steps if s.get("reward") is not None]
     lag_tokens = sum(s["lag_tokens"] for s in steps)
     proxy = end.get("proxy", {})
+    events = [e["event"] for e in read_events(run_dir / cfg.allocator.events_file)]
     statuses = [s for g in rollouts.groups for s in g["statuses"]]
     return {
         "policy": cfg.scheduler.policy, "steps": len(steps), "wall_s": round(carry.get("wall_s", 0.0) + wall, 2),
@@ -224,6 +225,7 @@ def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollou
         "run_statuses": {k: statuses.count(k) for k in sorted(set(statuses))},
         "runs_lost": proxy.get("runs_lost"), "runs_moved": proxy.get("runs_moved"),
         "calls_moved": proxy.get("moves"), "groups_cut_at_stop": end.get("groups_cut", 0),
+        "engine_deaths": events.count("engine_died"), "engine_restarts": events.count("engine_restarted"),
         "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
         "staleness_mean": (sum(s["staleness_mean"] * s["lag_tokens"] for s in steps) / lag_tokens
                            if lag_tokens else 0.0),

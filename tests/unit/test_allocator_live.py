@@ -6,8 +6,8 @@ import pytest
 from allocator_world import SCHED
 from gyre_hpc.allocator import transitions as tr
 from gyre_hpc.allocator.live import LiveExecutor
-from gyre_hpc.allocator.messages import (Bye, CellFailed, GroupsReady, Heartbeat, Hello, RunsChanged, SwitchDone,
-                                         SwitchTo, TrainProgress)
+from gyre_hpc.allocator.messages import (Bye, CellFailed, EngineDied, EngineRestarted, GroupsReady, Heartbeat, Hello,
+                                         RunsChanged, SwitchDone, SwitchTo, TrainProgress)
 from gyre_hpc.allocator.policies import make_policy
 from gyre_hpc.allocator.state import CellState, SchedState
 from gyre_hpc.allocator.types import Role, Switch
@@ -192,6 +192,22 @@ def test_a_failed_cell_is_lost_its_runs_rehomed_and_its_messages_ignored():
     ex.apply(RunsChanged(runs=(4, 1, 3), ended=0), 3.0)  # a stale snapshot still shows runs on cell 1
     assert [c.runs for c in ex.state.cells] == [4, 0, 3] and ex.state.parked_runs == 1
     ex.state.check()
+
+
+def test_an_engine_death_and_restart_are_logged_and_change_no_state():
+    ex = executor("async")  # cells 0 and 1 train, cell 2 rolls out
+    ex.admitted(2)
+    ex.apply(RunsChanged(runs=(0, 0, 4), ended=0), 1.0)
+    before = copy.deepcopy(ex.state)
+    died = ex.apply(EngineDied(cell=2, pid=77, exit_code=-9, engine="cell2-e1", calls_moved=3, runs_moved=3), 2.0,
+                    source=2)
+    assert died == {"event": "engine_died", "cell": 2, "pid": 77, "exit_code": -9, "engine": "cell2-e1",
+                    "calls_moved": 3, "runs_moved": 3, "calls_lost": 0}
+    back = ex.apply(EngineRestarted(cell=2, pid=78, start_s=4.5, version=0, engine="cell2-e2"), 7.0, source=2)
+    assert back["event"] == "engine_restarted" and (back["pid"], back["start_s"], back["restarts"]) == (78, 4.5, 1)
+    assert ex.state == before and ex.last_seen[2] == 7.0
+    with pytest.raises(ProtocolError, match="EngineDied: cell 1 is train; only a rolling-out cell has an engine"):
+        ex.apply(EngineDied(cell=1, pid=5, exit_code=1), 8.0, source=1)
 
 
 def test_silent_cells_are_found_and_a_bye_before_shutdown_is_a_loss():

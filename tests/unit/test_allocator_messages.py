@@ -5,8 +5,9 @@ import pickle
 
 import pytest
 
-from gyre_hpc.allocator.messages import (EVENTS, ORDERS, Bye, CellFailed, GroupsReady, Heartbeat, Hello, RunsChanged,
-                                         Shutdown, SwitchDone, SwitchTo, TrainProgress, Welcome, decode)
+from gyre_hpc.allocator.messages import (EVENTS, ORDERS, Bye, CellFailed, EngineDied, EngineRestarted, GroupsReady,
+                                         Heartbeat, Hello, RunsChanged, Shutdown, SwitchDone, SwitchTo, TrainProgress,
+                                         Welcome, decode)
 from gyre_hpc.allocator.types import Role
 from gyre_hpc.errors import GyreError, ProtocolError
 
@@ -18,6 +19,8 @@ EVENT_EXAMPLES = [
     RunsChanged(runs=(3, 0, 5), ended=11),
     GroupsReady(groups=2, work_s=12.5),
     TrainProgress(cell=0, version=3, groups=1, work_s=4.0, optimizing=True, mean_lag=0.75),
+    EngineDied(cell=1, pid=4321, exit_code=-9, engine="cell1-e1", calls_moved=3, runs_moved=2),
+    EngineRestarted(cell=1, pid=4400, start_s=6.5, version=2, engine="cell1-e2", restarts=1),
     CellFailed(cell=2, reason="engine exited with status -9"),
     Bye(cell=1),
 ]
@@ -84,6 +87,13 @@ def test_an_order_where_an_event_is_expected_is_rejected_by_direction():
     ({"type": "RunsChanged", "runs": 3, "ended": 0}, r"RunsChanged\.runs: expected tuple"),
     ({"type": "GroupsReady", "groups": 1, "work_s": -0.5}, r"GroupsReady\.work_s: must be >= 0"),
     ({"type": "TrainProgress", "cell": 0, "version": 1, "optimizing": 1}, r"TrainProgress\.optimizing: expected bool"),
+    ({"type": "EngineDied", "cell": 1, "pid": 7}, r"EngineDied\.exit_code: missing"),
+    ({"type": "EngineDied", "cell": 1, "pid": 7, "exit_code": -9, "calls_moved": -1},
+     r"EngineDied\.calls_moved: must be >= 0"),
+    ({"type": "EngineRestarted", "cell": 1, "pid": 7, "start_s": -2.0, "version": 0},
+     r"EngineRestarted\.start_s: must be >= 0"),
+    ({"type": "EngineRestarted", "cell": 1, "pid": 7, "start_s": 2.0, "version": 0, "restarts": 0},
+     r"EngineRestarted\.restarts: must be >= 1"),
 ])
 def test_malformed_events_name_the_type_and_field(data, match):
     with pytest.raises(ProtocolError, match=match):
