@@ -92,12 +92,18 @@ def _wait(proc: subprocess.Popen, errlog: Path, timeout_s: float, label: str) ->
     return proc.stdout.read()
 
 
-def step_time(run_dir: Path, steps: int) -> float | None:
-    """Allocator-clock seconds at the ``steps``-th optimizer step (None if the run did not get there)."""
+def step_time(run_dir: Path, steps: int) -> tuple[float | None, float | None]:
+    """(seconds from the first admission to the ``steps``-th optimizer step, allocator-clock time of that
+    admission); None if the run did not get there. Start-up (mpirun, imports, every cell's Hello) is left out:
+    it is the same work for every policy and, on a loaded machine, mostly noise."""
     from gyre_hpc.allocator.eventlog import read_events
 
-    ts = [e["t"] for e in read_events(run_dir / "events.jsonl") if e["event"] == "step"]
-    return ts[steps - 1] if len(ts) >= steps else None
+    events = read_events(run_dir / "events.jsonl")
+    admit = next((e["t"] for e in events if e["event"] == "order" and e.get("order") == "admit"), None)
+    ts = [e["t"] for e in events if e["event"] == "step"]
+    if admit is None or len(ts) < steps:
+        return None, admit
+    return ts[steps - 1] - admit, admit
 
 
 def socket_baseline(run_dir: Path, nbytes: int, pulls: int) -> dict:
@@ -146,15 +152,22 @@ def _predicted_wall(data) -> float | None:
     return None
 
 
-def measure_run(args, rec: dict, sim: bool) -> dict:
-    """Add what the run directory shows (step time, switches, pulls, rewards) and the socket baseline."""
+def read_run(rec: dict, steps: int) -> dict:
+    """Add what the run directory shows: step time, switches, Mooncake pulls, rewards."""
     run_dir = Path(rec["summary"]["run_dir"])
     cells = compare.read_cells(run_dir)
-    rec["step_s"] = step_time(run_dir, args.steps)
+    rec["step_s"], rec["first_admit_t"] = step_time(run_dir, steps)
     rec["run_wall_s"] = rec["summary"]["wall_s"]
     rec["switch_list"] = [s for c in cells for s in c.get("switches", [])]
     rec["mooncake"] = compare.pull_throughput(compare.pulls(cells))
     rec["rewards"] = compare.reward_curve(run_dir)
+    return rec
+
+
+def measure_run(args, rec: dict, sim: bool) -> dict:
+    """``read_run``, then the socket baseline of the pulled size and the simulator's replay."""
+    run_dir = Path(rec["summary"]["run_dir"])
+    rec = read_run(rec, args.steps)
     if rec["mooncake"]["n"]:
         rec["socket"] = socket_baseline(run_dir, int(rec["mooncake"]["bytes"]), args.socket_pulls)
     if sim:
@@ -199,6 +212,7 @@ def main(argv=None) -> int:
     records_path = args.out / "records.json"
     if args.render:
         data = json.loads(records_path.read_text())
+        data["records"] = [read_run(r, data["steps"]) if "summary" in r else r for r in data["records"]]
     else:
         data = {"argv": sys.argv, "started": time.strftime("%Y-%m-%d %H:%M"), "config": str(args.config),
                 "steps": args.steps, "reps": args.reps, "policies": args.policies, "records": [],

@@ -122,8 +122,9 @@ def render(data: dict, out: Path, results: Path, notes: str = "") -> Path:
         f"- Config: `{Path(data['config']).relative_to(Path(data['config']).parents[2])}`, {data['steps']} optimizer "
         f"steps, {data['reps']} repetitions, policies interleaved per repetition ({', '.join(data['policies'])}); "
         "same seed and staleness target for all, only `scheduler.policy` differs.",
-        f"- Wall = allocator-clock seconds at the {data['steps']}-th optimizer step (events.jsonl; startup of mpirun "
-        "and the ranks excluded, as in the simulator); run wall = the summary's `wall_s` (proxy start to report). "
+        f"- Wall = seconds from the first admission to the {data['steps']}-th optimizer step (events.jsonl, "
+        "allocator clock; start-up of mpirun, imports and every cell's Hello excluded — the same for every policy and "
+        "mostly load noise here); run wall = the summary's `wall_s` (proxy start to report, start-up included). "
         f"Speedup of {ref} over P = median over repetitions of wall(P) / wall({ref}): > 1 means {ref} is faster.",
         "- Issue #4 targets on this long-tailed workload: ≥ 1.15× over colocate, ≥ 1.3× over async.",
         "",
