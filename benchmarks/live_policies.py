@@ -161,6 +161,9 @@ def read_run(rec: dict, steps: int) -> dict:
     rec["switch_list"] = [s for c in cells for s in c.get("switches", [])]
     rec["mooncake"] = compare.pull_throughput(compare.pulls(cells))
     rec["rewards"] = compare.reward_curve(run_dir)
+    lost = (rec["summary"].get("stop") or {}).get("lost") or []
+    if lost:  # a run that lost cells measured a smaller machine: shown, but left out of the comparison
+        rec["error"] = f"cells lost during the run: {lost} (see events.jsonl 'lost')"
     return rec
 
 

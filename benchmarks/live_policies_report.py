@@ -14,7 +14,7 @@ def _f(x, nd: int = 2) -> str:
 
 
 def _ok(records: list[dict], policy: str) -> list[dict]:
-    return [r for r in records if r["policy"] == policy and r.get("step_s") is not None]
+    return [r for r in records if r["policy"] == policy and r.get("step_s") is not None and not r.get("error")]
 
 
 def walls_by_rep(data: dict, key: str = "step_s") -> dict[str, list]:
@@ -22,7 +22,8 @@ def walls_by_rep(data: dict, key: str = "step_s") -> dict[str, list]:
     out = {}
     for p in data["policies"]:
         by_rep = {r["rep"]: r.get(key) for r in data["records"] if r["policy"] == p}
-        out[p] = [by_rep.get(i + 1) for i in range(data["reps"])]
+        ok = {r["rep"] for r in _ok(data["records"], p)}
+        out[p] = [by_rep.get(i + 1) if i + 1 in ok else None for i in range(data["reps"])]
     return out
 
 
@@ -53,14 +54,18 @@ def run_table(data: dict) -> list[str]:
              "| switches r→t / t→r | run statuses |", "|---|---|---|---|---|---|---|---|---|"]
     for r in data["records"]:
         s = r.get("summary")
-        if s is None or r.get("step_s") is None:
+        if s is None:
             lines.append(f"| {r['rep']} | {r['policy']} | {_f(r.get('load_before'), 1)} | failed: "
-                         f"{r.get('error', 'fewer steps than asked')} | | | | | |")
+                         f"{r.get('error')} | | | | | |")
             continue
+        if r.get("error") or r.get("step_s") is None:
+            status = f"excluded: {r.get('error') or 'fewer steps than asked'}; {s['run_statuses']}"
+        else:
+            status = str(s["run_statuses"])
         lines.append(f"| {r['rep']} | {r['policy']} | {_f(r.get('load_before'), 1)} | {_f(r['step_s'], 1)} | "
                      f"{_f(s['wall_s'], 1)} | {_f(s['staleness_mean'])} / {s['staleness_max']} | "
                      f"{_f(s['reward_first'], 3)} → {_f(s['reward_last'], 3)} | {s['switches_r2t']} / "
-                     f"{s['switches_t2r']} | {s['run_statuses']} |")
+                     f"{s['switches_t2r']} | {status} |")
     return lines
 
 
