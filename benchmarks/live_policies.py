@@ -158,10 +158,9 @@ def read_run(rec: dict, steps: int) -> dict:
     rec["switch_list"] = [s for c in cells for s in c.get("switches", [])]
     rec["mooncake"] = compare.pull_throughput(compare.pulls(cells))
     rec["rewards"] = compare.reward_curve(run_dir)
-    lost = (rec["summary"].get("stop") or {}).get("lost") or []
-    if lost:  # a run that lost cells measured a smaller machine: shown, but left out of the comparison
-        rec["error"] = f"cells lost during the run: {lost} (see events.jsonl 'lost')"
+    rec["error"] = compare.invalid_reason(rec["summary"])
     return rec
+
 
 
 def measure_run(args, rec: dict, sim: bool) -> dict:
@@ -234,8 +233,9 @@ def main(argv=None) -> int:
                     rec = measure_run(args, rec, data["sim_available"])
                 data["records"].append(rec)
                 atomic_write_json(records_path, data)
-                log(f"rep {rep + 1}/{args.reps} {policy}: " + (rec.get("error") or
-                    f"{args.steps} steps in {rec['step_s']} s (run {rec['summary']['wall_s']} s)"))
+                log(f"rep {rep + 1}/{args.reps} {policy}: " + (f"{args.steps} steps in {rec['step_s']} s (run "
+                    f"{rec['summary']['wall_s']} s)" if "summary" in rec else "failed") +
+                    (f"; left out of the comparison: {rec['error']}" if rec.get("error") else ""))
         data["finished"] = time.strftime("%Y-%m-%d %H:%M")
         atomic_write_json(records_path, data)
     render(data, args.out, args.results, args.notes.read_text() if args.notes else "")

@@ -10,6 +10,8 @@ Invariants (tests/unit/test_report_compare.py)
 - ``switch_breakdown`` keeps the two directions apart and reports, per part, the median over the switches
   that have that part (a rollout→training switch of the core has no weight pull).
 - ``pull_throughput`` is bytes / wire seconds per pull (1e9 bytes per GB), the median over pulls.
+- ``invalid_reason`` is None only for a run that lost no cell and in which at least half of the finished runs
+  answered (status ``scored``, not a timeout).
 """
 from __future__ import annotations
 
@@ -38,6 +40,20 @@ def speedups(walls: Mapping[str, Sequence[float | None]], reference: str) -> dic
         ratios = [w / r for w, r in zip(ws, ref) if w is not None and r is not None and r > 0]
         out[name] = median(ratios)
     return out
+
+
+def invalid_reason(summary: dict, min_scored: float = 0.5) -> str | None:
+    """Why a finished run does not measure the policy on the workload (shown, left out of the comparison):
+    it lost cells (a smaller machine), or most runs timed out (engines not serving, e.g. still starting)."""
+    lost = (summary.get("stop") or {}).get("lost") or []
+    if lost:
+        return f"cells lost during the run: {lost} (events.jsonl 'lost')"
+    finished = summary.get("runs_finished") or 0
+    answered = (summary.get("run_statuses") or {}).get("scored", 0)
+    if finished and answered < min_scored * finished:
+        return (f"only {answered} of {finished} runs answered before their timeout (engines not serving in time; "
+                "proxy-events.jsonl 'engine_added')")
+    return None
 
 
 def read_cells(run_dir: Path) -> list[dict]:

@@ -65,3 +65,12 @@ def test_run_directory_readers(tmp_path):
 def test_plot_rewards_writes_one_png_with_a_panel_per_policy(tmp_path):
     out = compare.plot_rewards({"gyre": [[0.3, 0.4], [0.35, None]], "async": [[]]}, tmp_path / "r.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_run_is_invalid_if_it_lost_a_cell_or_under_half_its_runs_answered():
+    ok = {"stop": {"lost": []}, "runs_finished": 16, "run_statuses": {"scored": 8, "timeout_partial": 8}}
+    assert compare.invalid_reason(ok) is None
+    assert "cells lost" in compare.invalid_reason({**ok, "stop": {"lost": [2]}})
+    partial = {**ok, "run_statuses": {"scored": 7, "timeout_partial": 9}}   # partial scores do not count
+    assert "only 7 of 16" in compare.invalid_reason(partial)
+    assert compare.invalid_reason({"stop": {}, "runs_finished": 0, "run_statuses": {}}) is None
