@@ -17,6 +17,11 @@ def _ok(records: list[dict], policy: str) -> list[dict]:
     return [r for r in records if r["policy"] == policy and r.get("step_s") is not None and not r.get("error")]
 
 
+def _finished(records: list[dict], policy: str) -> list[dict]:
+    """Every run of ``policy`` that ended with a summary, valid for the comparison or not (switches, pulls)."""
+    return [r for r in records if r["policy"] == policy and "switch_list" in r]
+
+
 def walls_by_rep(data: dict, key: str = "step_s") -> dict[str, list]:
     """Per policy, the measured wall of each repetition (None where the run failed)."""
     out = {}
@@ -84,7 +89,7 @@ def switch_table(data: dict) -> list[str]:
     lines = ["| policy | direction | switches | " + " | ".join(p[:-2] for p in compare.R2T_PARTS) +
              " | engine_start | register |", "|---|---|---|" + "---|" * (len(compare.R2T_PARTS) + 2)]
     for p in data["policies"]:
-        cells = [{"switches": r.get("switch_list", [])} for r in _ok(data["records"], p)]
+        cells = [{"switches": r.get("switch_list", [])} for r in _finished(data["records"], p)]
         b = compare.switch_breakdown(cells)
         r2t, t2r = b["r2t"], b["t2r"]
         lines.append(f"| {p} | rollout→train | {r2t['n']} | " +
@@ -99,7 +104,7 @@ def pull_table(data: dict) -> list[str]:
              "socket GB/s (same size, same run) | Mooncake / socket (median of runs) | checksums ok |",
              "|---|---|---|---|---|---|---|---|"]
     for p in data["policies"]:
-        ok = [r for r in _ok(data["records"], p) if r["mooncake"]["n"] and r.get("socket")]
+        ok = [r for r in _finished(data["records"], p) if r["mooncake"]["n"] and r.get("socket")]
         if not ok:
             lines.append(f"| {p} | 0 | 0 | | | | | |")
             continue
@@ -148,11 +153,12 @@ def render(data: dict, out: Path, results: Path, notes: str = "") -> Path:
         "",
         "Side-by-side curves: `rewards.png` in the output folder; role timelines `roles-<policy>-r<rep>.png`.",
         "",
-        "## Switch latency (median seconds over every switch of every run, per part)",
+        "## Switch latency (median seconds over every switch of every finished run, per part)",
         "",
         *switch_table(data),
         "",
-        "## Weight pulls: Mooncake (in the run) vs a plain loopback socket (same buffer size, right after the run)",
+        "## Weight pulls: Mooncake (in the run) vs a plain loopback socket (same buffer size, right after the run; "
+        "every finished run)",
         "",
         *pull_table(data),
         "",
