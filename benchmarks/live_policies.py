@@ -133,7 +133,7 @@ def simulate_available() -> bool:
     return "--trace" in out.stdout
 
 
-def simulate_trace(run_dir: Path, steps: int) -> dict:
+def simulate_trace(run_dir: Path) -> dict:
     """The simulator's replay of a live run: its predicted wall time (``gyre simulate --trace RUN_DIR``)."""
     out = subprocess.run([sys.executable, "-m", "gyre_hpc.cli", "simulate", "--trace", str(run_dir), "--json"],
                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -159,8 +159,9 @@ def read_run(rec: dict, steps: int) -> dict:
     rec["mooncake"] = compare.pull_throughput(compare.pulls(cells))
     rec["rewards"] = compare.reward_curve(run_dir)
     rec["error"] = compare.invalid_reason(rec["summary"])
+    if isinstance(rec["summary"].get("sim_span_s"), (int, float)):  # the live run replayed itself
+        rec["sim"] = {"predicted_s": rec["summary"]["sim_span_s"], "source": "summary.json"}
     return rec
-
 
 
 def measure_run(args, rec: dict, sim: bool) -> dict:
@@ -169,10 +170,8 @@ def measure_run(args, rec: dict, sim: bool) -> dict:
     rec = read_run(rec, args.steps)
     if rec["mooncake"]["n"]:
         rec["socket"] = socket_baseline(run_dir, int(rec["mooncake"]["bytes"]), args.socket_pulls)
-    if isinstance(rec["summary"].get("sim_span_s"), (int, float)):  # the live run replayed itself
-        rec["sim"] = {"predicted_s": rec["summary"]["sim_span_s"], "source": "summary.json"}
-    elif sim:
-        rec["sim"] = simulate_trace(run_dir, args.steps)
+    if sim and "sim" not in rec:
+        rec["sim"] = simulate_trace(run_dir)
     roles = run_dir / "roles.png"
     if roles.exists():
         shutil.copy(roles, args.out / f"roles-{rec['policy']}-r{rec['rep']}.png")
