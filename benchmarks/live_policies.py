@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.live_policies_report import render  # noqa: E402
+from gyre_hpc.errors import GyreError  # noqa: E402
 from gyre_hpc.io import atomic_write_json  # noqa: E402
 from gyre_hpc.report import compare  # noqa: E402
 
@@ -169,7 +170,10 @@ def measure_run(args, rec: dict, sim: bool) -> dict:
     run_dir = Path(rec["summary"]["run_dir"])
     rec = read_run(rec, args.steps)
     if rec["mooncake"]["n"]:
-        rec["socket"] = socket_baseline(run_dir, int(rec["mooncake"]["bytes"]), args.socket_pulls)
+        try:
+            rec["socket"] = socket_baseline(run_dir, int(rec["mooncake"]["bytes"]), args.socket_pulls)
+        except GyreError as exc:  # the baseline is an extra: a failure is recorded, the benchmark goes on
+            rec["socket_error"] = str(exc)
     if sim and "sim" not in rec:
         rec["sim"] = simulate_trace(run_dir)
     roles = run_dir / "roles.png"
@@ -198,6 +202,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="rerun a run that failed (e.g. an engine not ready in time on a loaded machine); default 1")
     p.add_argument("--notes", type=Path, help="markdown file appended to the results as '## Reading'")
     p.add_argument("--render", action="store_true", help="only re-render --results from OUT/records.json")
+    p.add_argument("--resume", action="store_true",
+                   help="continue OUT/records.json: run only the (policy, repetition) pairs it does not have yet")
     args = p.parse_args(argv)
     if args.steps < 1 or args.reps < 1:
         p.error("--steps and --reps must be >= 1")
@@ -217,8 +223,13 @@ def main(argv=None) -> int:
         data = {"argv": sys.argv, "started": time.strftime("%Y-%m-%d %H:%M"), "config": str(args.config),
                 "steps": args.steps, "reps": args.reps, "policies": args.policies, "records": [],
                 "sim_available": simulate_available()}
+        if args.resume and records_path.exists():
+            data = {**json.loads(records_path.read_text()), "sim_available": data["sim_available"]}
+        done = {(r["policy"], r["rep"]) for r in data["records"] if "summary" in r}
         for rep in range(args.reps):
             for policy in args.policies:
+                if (policy, rep + 1) in done:
+                    continue
                 log(f"rep {rep + 1}/{args.reps} {policy}: starting (load {os.getloadavg()[0]:.1f})")
                 load = os.getloadavg()[0]
                 rec = run_train(args, policy, rep)
