@@ -3,6 +3,7 @@
 One loop, on an injected clock and any ``Transport``::
 
     start:  log "start"; wait for every cell's Hello (answer each with a Welcome: starting role, core, mu)
+            and for ``ready()`` (live: every rollout cell's engine serves), then log "started" and decide
     step:   drain events (from cells over the transport, and from rank 0 itself via ``post``)
             → LiveExecutor.apply (state changes go through the transitions the simulator uses)
             → cells silent for heartbeat_timeout_s (or without Hello after hello_timeout_s) become LOST
@@ -46,8 +47,10 @@ class AllocatorServer:
     """
 
     def __init__(self, policy: Policy, cfg: AllocatorConfig, transport: Transport, log: EventLog,
-                 admit: Callable[[int], int], runs_per_query: int, core: int = 0):
+                 admit: Callable[[int], int], runs_per_query: int, core: int = 0,
+                 ready: Callable[[], bool] = lambda: True):
         self.policy, self.cfg, self.transport, self.log, self.admit = policy, cfg, transport, log, admit
+        self.ready = ready
         self.clock = transport.clock
         self.ex = LiveExecutor(policy, transport.size - 1, runs_per_query, core)
         self.inbox: queue.SimpleQueue[Event] = queue.SimpleQueue()
@@ -108,8 +111,9 @@ class AllocatorServer:
             changed |= self._apply(msg, now, source)
         changed |= self._liveness(now)
         if not self.started and all(self.ex.hello[c] or r.role is Role.LOST
-                                    for c, r in enumerate(self.state.cells)):
+                                    for c, r in enumerate(self.state.cells)) and self.ready():
             self.started = changed = True
+            self.log.write({"event": "started", "after_s": round(now - self.t0, 3)})
         due = self.ex.wake_due(now)
         if self.started and (changed or due) and self.stop_reason() is None:
             self._decide(now)

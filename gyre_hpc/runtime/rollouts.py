@@ -50,7 +50,13 @@ class Rollouts:
         self.groups: list[dict] = []  # per ready group: gid, runs, rewards, statuses, seconds
         self.errors: list[str] = []
         self.closed = False
+        self.engine_cells: set[int] = set()  # cells with an engine registered with the proxy (the monitor's view)
         self.monitor = asyncio.run_coroutine_threadsafe(self._monitor(), self.loop)
+
+    def engines_serve(self, cells: list[int]) -> bool:
+        """Whether every one of ``cells`` has an engine registered with the proxy (the allocator starts
+        admitting only then: a run admitted before any engine serves would spend its timeout waiting)."""
+        return set(cells) <= self.engine_cells
 
     def admit(self, n: int) -> int:
         """Start ``n`` new groups (called from the allocator loop); returns how many started."""
@@ -132,6 +138,7 @@ class Rollouts:
                     engines = await asyncio.to_thread(proxy.engines)
                 except GyreError:
                     continue
+                self.engine_cells = {e["cell"] for e in engines}
                 runs = [0] * cells
                 for e in engines:
                     if 0 <= e["cell"] < cells:

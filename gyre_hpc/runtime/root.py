@@ -146,7 +146,9 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
 
         server = LiveServer(policy, cfg.allocator, transport, log, admit=rollouts.admit,
                             runs_per_query=cfg.agent.runs_per_group, hub=hub, before_shutdown=before_shutdown,
-                            progress=progress, preemption=preemption)
+                            progress=progress, preemption=preemption,
+                            ready=lambda: rollouts.engines_serve(
+                                [c for c, cs in enumerate(server.state.cells) if cs.role is Role.ROLLOUT]))
         rollouts.post = server.post
         if saved:
             steps.extend(saved["steps"])

@@ -88,6 +88,24 @@ def test_the_admit_callback_may_start_fewer_queries_than_admitted(tmp_path):
     assert w.server.state.admitted_queries == 5 and w.server.state.unfinished_runs == 5
 
 
+def test_nothing_is_admitted_until_the_live_run_says_its_engines_serve(tmp_path):
+    w = World(tmp_path).attach()
+    serving = []
+    w.server.ready = lambda: bool(serving)  # live: every rollout cell's engine registered with the proxy
+    w.server.start()
+    for _ in range(200):
+        w.clock.sleep(0.01)
+        w.server.step()
+    assert len(w.events("hello")) == 3  # every cell said Hello: only the engines hold the start back
+    assert not w.events("order", order="admit") and not w.events("started")
+    serving.append(True)
+    while not w.events("order", order="admit"):
+        w.clock.sleep(0.01)
+        w.server.step()
+    (started,) = w.events("started")
+    assert started["after_s"] >= 2.0 and w.events("order", order="admit")[0]["t"] >= started["t"]
+
+
 # ------------------------------------------------------------------------------------------------ failures
 def test_a_silent_cell_becomes_lost_and_is_never_given_an_order(tmp_path):
     w = World(tmp_path, "colocate", run_s=10.0).attach()
