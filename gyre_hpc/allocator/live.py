@@ -152,7 +152,7 @@ class LiveExecutor:
         if m.cell == st.core:
             st.optimizing = m.optimizing
         rec = {"event": "train_progress", "cell": m.cell, "groups": m.groups, "version": m.version,
-               "optimizing": m.optimizing}
+               "optimizing": m.optimizing, "work_s": m.work_s}
         if step:
             rec.update(event="step", steps_done=st.steps_done, mean_lag=m.mean_lag)
         return rec

@@ -5,6 +5,7 @@
     allocator loop ── admit(n) ──▶ n new groups (queries) start; their runs call the proxy
     group's runs all ended ──▶ proxy /admin/flush_tito → tito/q<gid>.jsonl ──▶ build_batch (tree, J_max,
                                scoring) ──▶ hub.offer(group) and GroupsReady(1, work_s) to the allocator
+                               ──▶ one line of groups.jsonl (admit/ready times, per-run end, trained tokens)
     every 0.25 s ──▶ RunsChanged(runs per cell from the proxy's in-flight counts, runs ended)
 
 Invariants (tests/integration/test_live_training.py)
@@ -19,6 +20,7 @@ Invariants (tests/integration/test_live_training.py)
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from pathlib import Path
@@ -85,6 +87,7 @@ class Rollouts:
         self.groups.append({"gid": gid, "runs": len(results), "seconds": group.t_ready - t0,
                             "rewards": group.rewards, "versions": list(group.gen_versions),
                             "statuses": [r.outcome.status.value for r in results]})
+        self._record(gid, t0, group, results)
         self.offer(group)
         self.post(GroupsReady(groups=1, work_s=WORK_S_PER_TOKEN * (group.batch.tokens if group.batch else 0)))
 
@@ -107,6 +110,13 @@ class Rollouts:
                             f"{saved['trained_tokens']} of {saved['gen_versions']}")
         group.rewards, group.runs = list(saved.get("rewards", [])), saved["runs"]
         return group
+
+    def _record(self, gid: int, t0: float, group: dp.Group, results) -> None:
+        """Append the group's timing line to groups.jsonl (the simulator's replay reads it: docs/runtime.md)."""
+        rec = {"gid": gid, "t_admit": t0, "t_ready": group.t_ready, "trained_tokens": group.trained_tokens,
+               "runs": [{"end_s": r.outcome.t_end - t0, "status": r.outcome.status.value} for r in results]}
+        with open(self.run_dir / "groups.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
 
     def _build(self, gid: int, results) -> dp.Group:
         from gyre_hpc.proxy.client import ProxyClient
