@@ -9,6 +9,7 @@ from pathlib import Path
 from gyre_hpc.allocator.sim.compare import compare, validate_all
 from gyre_hpc.allocator.sim.sweep import parse_axes, run_grid, write_tables
 from gyre_hpc.config import load_config
+from gyre_hpc.errors import ConfigError
 from jobs import add_overrides
 
 DESCRIPTION = """\
@@ -22,11 +23,19 @@ Examples:
   gyre simulate configs/sim/paper_2p4t.yaml --plot runs/plots
   gyre simulate configs/sim/paper_2p4t.yaml --set workload.stuck_query_frac=0 --set cluster.cells=8
   gyre simulate configs/sim/small.yaml --sweep cluster.cells=2,4,8 --sweep scheduler.theta=0.25,0.5 --out runs/sw
+
+Replay a live run (gyre train's run directory): its measured run durations, training and switch times and the
+same scheduler config go into the simulator; it prints the predicted wall time beside the measured one, and
+what gyre, colocate and async would have taken on the same runs (docs/simulator.md, "Replaying a live run"):
+  gyre simulate --trace runs/local-20261129-112235
+  gyre simulate --trace runs/local-20261129-112235 --json --plot runs/replay
+  gyre simulate --trace RUN_DIR --set sim.to_train_s=0.5     (what if switches were faster)
 """
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="YAML config (e.g. configs/sim/paper_2p4t.yaml)")
+    p.add_argument("config", nargs="?", help="YAML config (e.g. configs/sim/paper_2p4t.yaml); not with --trace")
+    p.add_argument("--trace", metavar="RUN_DIR", help="replay a gyre train run directory instead of a config")
     add_overrides(p, "scheduler.theta=0.25")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--plot", metavar="DIR", help="write PNG plots (role timelines, query durations, staleness)")
@@ -54,6 +63,10 @@ def _table(result: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if (args.config is None) == (args.trace is None):
+        raise ConfigError("gyre simulate: give a CONFIG or --trace RUN_DIR (exactly one of them)")
+    if args.trace:
+        return _replay(args)
     if args.sweep:
         axes = parse_axes(args.sweep)
         rows = run_grid(args.config, args.overrides, axes, compare, validate_all)
@@ -73,3 +86,51 @@ def run(args: argparse.Namespace) -> int:
             print("plots: " + ", ".join(str(p) for p in paths))
     print(json.dumps(result, indent=None if args.json else 2) if args.json else _table(result))
     return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from gyre_hpc.allocator.sim.replay import replay
+
+    result, sims = replay(args.trace, overrides=args.overrides)
+    if args.plot:
+        from gyre_hpc.allocator.eventlog import read_events
+        from gyre_hpc.report.replay_plots import measured_vs_predicted  # matplotlib only when plotting
+
+        run_dir = Path(result["run_dir"])
+        path = measured_vs_predicted(read_events(run_dir / "events.jsonl"), sims[result["policy"]],
+                                     result["policy"], Path(args.plot) / "replay_roles.png")
+        if not args.json:
+            print(f"plot: {path}")
+    print(json.dumps(result) if args.json else _replay_table(result))
+    return 0
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.1f}%"
+
+
+def _replay_table(r: dict) -> str:
+    m, c = r["measured"], r["calibration"]
+    wall = "-" if m["wall_s"] is None else f"{m['wall_s']:.1f}"
+    lines = [f"replay of {r['run_dir']} ({r['policy']}, {r['cells']} cells, {r['steps']} steps, "
+             f"B={r['batch_groups']})",
+             f"measured on the run: {c['groups']} groups ({c['censored_groups']} cut at the stop), {c['runs']} runs "
+             f"({c['timed_out_runs']} timed out); training {c['train_tok_s_per_cell']:,.0f} tok/s per cell, "
+             f"optimizer step {c['optimizer_s']:.2f} s; switch to train {c['to_train_s']:.2f} s, to rollout "
+             f"{c['to_rollout_s']:.2f} s, satellite pull {c['pull_s']:.2f} s",
+             "",
+             f"{'':<22} {'wall s':>8} {'error':>7} {'span s':>8} {'error':>7} {'train idle':>10} {'switches':>8} "
+             f"{'E[d]':>5}",
+             f"{'measured (' + r['policy'] + ')':<22} {wall:>8} {'':>7} {m['span_s']:>8.1f}"]
+    for name, p in r["predicted"].items():
+        label = f"simulated {name}" + (" (what-if)" if name != r["policy"] else "")
+        w = "-" if p["wall_s"] is None else f"{p['wall_s']:.1f}"
+        err = _pct(p["error_pct"]) if name == r["policy"] else ""
+        span_err = _pct(p["span_error_pct"]) if name == r["policy"] else ""
+        lines.append(f"{label:<22} {w:>8} {err:>7} {p['span_s']:>8.1f} {span_err:>7} "
+                     f"{p['train_idle_frac']:>10.1%} {p['switches']:>8d} {p['staleness_mean']:>5.2f}")
+    for name, why in r["skipped"].items():
+        lines.append(f"simulated {name}: skipped ({why})")
+    lines.append("\nspan = first admission to the last optimizer step; wall = span + the run's measured start-up "
+                 "and teardown")
+    return "\n".join(lines)
