@@ -7,7 +7,8 @@
                                     + Hub.poll (groups out to training cells, step records in)
                         Admit orders start groups in the harness (Rollouts); ready groups → hub + GroupsReady
     before the orderly shutdown: cut the runs still going, read the proxy's stats
-    after it: stop the proxy, read the cells' stats, write summary.json and the report PNGs
+    after it: stop the proxy, read the cells' stats, replay the run in the simulator (sim_wall_s),
+              write summary.json and the report PNGs
     preempted (SIGTERM/SIGUSR1, runtime.preempt): no more groups or decisions; once no step is pending, the
                resume state goes to RUN_DIR/resume and the cells get Shutdown("preempted: SIG"); no summary
     resumed (RUN_DIR/resume exists): buffer, counters and step records come back before the first decision
@@ -30,6 +31,7 @@ from gyre_hpc import resume
 from gyre_hpc.allocator.eventlog import EventLog, read_events
 from gyre_hpc.allocator.policies import make_policy
 from gyre_hpc.allocator.server import AllocatorServer
+from gyre_hpc.allocator.sim.replay import live_prediction
 from gyre_hpc.allocator.types import Role
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import ConfigError, GyreError
@@ -160,6 +162,7 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
         return {"preempted": stop["reason"], "saved": "saved" in end, "error": end.get("preempt_error"),
                 "steps_done": stop["steps_done"], "run_dir": str(run_dir)}
     summary = _summary(cfg, run_dir, stop, steps, rollouts, end, carry, time.perf_counter() - t0)
+    summary.update(live_prediction(run_dir, summary["wall_s"]))  # the simulator's replay of this run
     atomic_write_json(run_dir / "summary.json", summary)
     _report(run_dir, cfg, steps, rollouts)
     shutil.rmtree(resume.resume_dir(run_dir), ignore_errors=True)  # finished: nothing left to resume

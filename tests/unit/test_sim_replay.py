@@ -89,6 +89,9 @@ def test_same_run_directory_gives_the_same_prediction(colocate_run):
     (lambda d: (d / "config.yaml").write_text("scheduler:\n  policy: nope\n"), r"config.yaml: .*scheduler.policy"),
     (lambda d: (d / "events.jsonl").write_text('{"event": "start", "t": 0, "wall": 0}\n[1]\n'),
      r"events.jsonl:2: an event record is a JSON object"),
+    (lambda d: (d / "events.jsonl").write_text('{"event": "start", "t": 0, "wall": 0}\n'
+                                               '{"event": "switch_done", "t": 1, "wall": 1, "cell": 0}\n'),
+     r"events.jsonl:2: total_s must be a number >= 0, got None"),
 ])
 def test_a_malformed_run_directory_names_the_file_and_line(colocate_run, damage, message):
     damage(colocate_run)

@@ -104,6 +104,24 @@ def _group(rec: dict, where: str) -> dict:
             "tokens": _num(rec, "trained_tokens", where), "censored": False}
 
 
+_NEEDS = {"switch_done": ("cell", "total_s"), "step": ("t",), "order": ("t", "wall"), "shutdown": ("wall",)}
+
+
+def _check_events(events: list[dict], path: Path) -> None:
+    """The fields the replay reads, on the records it reads (line n of the log is ``events[n - 1]``)."""
+    for n, e in enumerate(events, 1):
+        where = f"{path}:{n}"
+        for key in _NEEDS.get(e["event"], ()):
+            _num(e, key, where)
+        if "work_s" in e:
+            _num(e, "work_s", where)
+        if e["event"] == "switch_done" and (e.get("role") not in ("train", "rollout")
+                                            or not isinstance(e.get("timing"), dict)):
+            raise WorkloadError(f"{where}: switch_done needs role train or rollout and a timing object")
+        if e.get("order") == "admit":
+            _num(e, "started", where)
+
+
 def _admissions(events: list[dict], path: Path) -> list[float]:
     """Wall time of the admission of every group, in gid order (the harness numbers groups as admitted)."""
     out = []
@@ -128,6 +146,7 @@ def read_run(run_dir: str | Path) -> LiveRun:
     if not ev_path.is_file():
         raise WorkloadError(f"{ev_path}: missing (the allocator's event log)")
     events = read_events(ev_path)
+    _check_events(events, ev_path)
     ready = {}
     for n, rec in _jsonl(d / "groups.jsonl"):
         g = _group(rec, f"{d / 'groups.jsonl'}:{n}")
