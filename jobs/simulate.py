@@ -64,7 +64,7 @@ def _table(result: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if (args.config is None) == (args.trace is None):
-        raise ConfigError("gyre simulate: give a CONFIG or --trace RUN_DIR (exactly one of them)")
+        raise ConfigError("give a CONFIG or --trace RUN_DIR (exactly one of them); see gyre simulate --help")
     if args.trace:
         return _replay(args)
     if args.sweep:

@@ -69,7 +69,8 @@ class LiveRun:
 def _jsonl(path: Path) -> list[tuple[int, dict]]:
     """(line number, object) per line; a torn final line (no newline) is skipped, like ``read_events``."""
     if not path.is_file():
-        raise WorkloadError(f"{path}: missing (is this a gyre train run directory written by this version?)")
+        raise WorkloadError(f"{path}: missing (not a gyre train run directory, or one written before runs "
+                            "recorded what the replay needs: rerun it)")
     out = []
     for n, line in enumerate(path.read_text().split("\n")[:-1], 1):
         if not line.strip():
