@@ -133,3 +133,12 @@ def test_cli_needs_exactly_one_of_config_and_trace(colocate_run, capsys):
     assert "exactly one" in capsys.readouterr().err
     assert main(["simulate", "--trace", str(colocate_run), "--set", "sim.to_train_s=-1"]) == 2
     assert "sim.to_train_s" in capsys.readouterr().err
+
+
+def test_lost_cells_are_reported_not_replayed(colocate_run, capsys):
+    lost = {"t": 60.0, "wall": 1.0, "event": "lost", "cell": 1, "reason": "heartbeat", "silent_s": 60.0}
+    with open(colocate_run / "events.jsonl", "a") as f:
+        f.write(json.dumps(lost) + "\n")
+    assert calibrate(read_run(colocate_run)).facts["lost_cells"] == [1]
+    assert main(["simulate", "--trace", str(colocate_run)]) == 0
+    assert "cells [1] were lost in the run" in capsys.readouterr().out

@@ -23,6 +23,8 @@ What the simulator gets (``calibrate``)::
                sim.to_rollout_s = mean order → done of train→rollout switches (means: the simulator charges one
                value per switch, so the mean keeps the measured total)
 
+Lost cells are not replayed (the simulator keeps every cell); ``calibration.lost_cells`` lists them.
+
 Prediction: ``span`` = time of the last optimizer step - time of the first admission (the scheduled part);
 ``sim_wall_s`` = wall_s - measured span + simulated span (start-up and teardown are taken as measured);
 ``sim_error_pct`` = 100 (sim_wall_s - wall_s) / wall_s, ``sim_span_error_pct`` the same on the span.
@@ -234,7 +236,8 @@ def calibrate(run: LiveRun) -> Calibration:
              "runs": sum(len(g["end_s"]) for g in run.groups),
              "timed_out_runs": sum(sum(g["timed_out"]) for g in run.groups),
              "train_work_s": work_s, "trained_tokens": tokens, "pull_s": sw["pull_s"],
-             "switches_r2t": sw["switches_r2t"], "switches_t2r": sw["switches_t2r"]}
+             "switches_r2t": sw["switches_r2t"], "switches_t2r": sw["switches_t2r"],
+             "lost_cells": sorted({e["cell"] for e in ev if e["event"] == "lost"})}
     return Calibration(_workload(run.groups, timeout), sim, last[-1] - first, facts)
 
 
