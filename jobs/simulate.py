@@ -119,15 +119,15 @@ def _replay_table(r: dict) -> str:
              f"optimizer step {c['optimizer_s']:.2f} s; switch to train {c['to_train_s']:.2f} s, to rollout "
              f"{c['to_rollout_s']:.2f} s, satellite pull {c['pull_s']:.2f} s",
              "",
-             f"{'':<22} {'wall s':>8} {'error':>7} {'span s':>8} {'error':>7} {'train idle':>10} {'switches':>8} "
+             f"{'':<28} {'wall s':>8} {'error':>7} {'span s':>8} {'error':>7} {'train idle':>10} {'switches':>8} "
              f"{'E[d]':>5}",
-             f"{'measured (' + r['policy'] + ')':<22} {wall:>8} {'':>7} {m['span_s']:>8.1f}"]
+             f"{'measured (' + r['policy'] + ')':<28} {wall:>8} {'':>7} {m['span_s']:>8.1f}"]
     for name, p in r["predicted"].items():
         label = f"simulated {name}" + (" (what-if)" if name != r["policy"] else "")
         w = "-" if p["wall_s"] is None else f"{p['wall_s']:.1f}"
         err = _pct(p["error_pct"]) if name == r["policy"] else ""
         span_err = _pct(p["span_error_pct"]) if name == r["policy"] else ""
-        lines.append(f"{label:<22} {w:>8} {err:>7} {p['span_s']:>8.1f} {span_err:>7} "
+        lines.append(f"{label:<28} {w:>8} {err:>7} {p['span_s']:>8.1f} {span_err:>7} "
                      f"{p['train_idle_frac']:>10.1%} {p['switches']:>8d} {p['staleness_mean']:>5.2f}")
     if c["lost_cells"]:
         lines.append(f"note: cells {c['lost_cells']} were lost in the run; the simulation keeps every cell")

@@ -40,6 +40,6 @@ def measured_vs_predicted(events: Sequence[dict], sim: Simulation, policy: str, 
     _bars(top, live, live_steps, f"measured ({policy}): last step at {live_steps[-1] if live_steps else 0:.1f} s")
     _bars(bottom, predicted, sim.step_times, f"simulated ({policy}): last step at {end:.1f} s")
     bottom.set_xlabel("seconds since the first admission (vertical lines: optimizer steps)")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[r]) for r in ("rollout", "train", "draining", "loading")]
-    top.legend(handles, ["rollout", "train", "draining", "loading"], loc="upper right", fontsize=7, ncol=4)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[r]) for r in COLORS]
+    top.legend(handles, list(COLORS), loc="upper right", fontsize=7, ncol=5)
     return _save(fig, path)

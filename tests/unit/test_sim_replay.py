@@ -64,7 +64,7 @@ def test_what_if_policies_run_on_the_same_trace_and_invalid_ones_say_why(colocat
 
 
 def test_a_timed_out_run_never_finishes_and_a_group_cut_at_the_stop_lasts_until_the_stop(tmp_path):
-    groups = [{"end_s": [10.0, 30.0], "tokens": 60, "status": ["scored", "timeout"]}]
+    groups = [{"end_s": [10.0, 30.0], "tokens": 60, "status": ["scored", "timeout_partial"]}]
     run = write_run(tmp_path / "run", COLOCATE + ["agent.runs_per_group=2"], groups, SWITCHES, STEPS,
                     span_s=40.0, wall_s=None, cut_groups=1)
     live = read_run(run)

@@ -103,7 +103,7 @@ def _group(rec: dict, where: str) -> dict:
             raise WorkloadError(f"{where}: each run needs end_s and a status, got {r!r}")
         _num(r, "end_s", where)
     return {"gid": rec["gid"], "t_admit": _num(rec, "t_admit", where), "end_s": [r["end_s"] for r in runs],
-            "timed_out": [r["status"] == "timeout" for r in runs],
+            "timed_out": [r["status"].startswith("timeout") for r in runs],
             "tokens": _num(rec, "trained_tokens", where), "censored": False}
 
 
