@@ -19,7 +19,8 @@ def _lines(path: Path, recs: list[dict]) -> None:
 
 def write_run(d: Path, overrides: list[str], groups: list[dict], switches: list[dict], steps: list[dict],
               span_s: float, wall_s: float | None, cut_groups: int = 0) -> Path:
-    """``groups``: {end_s: [...], tokens, status?: [...]} in admission order (all admitted at T0);
+    """``groups``: {end_s: [...], tokens, status?: [...], lag?, build?} in admission order (all admitted at T0;
+    the harness starts a group ``lag`` s later, its batch is ready ``build`` s after its last run);
     ``switches``: switch_done records (cell, role, timing, total_s); ``steps``: {work_s, trained_tokens,
     optimizer_s}; the last step is at T0 + span_s. ``cut_groups`` more groups were admitted but never ready."""
     d.mkdir(parents=True, exist_ok=True)
@@ -46,7 +47,8 @@ def write_run(d: Path, overrides: list[str], groups: list[dict], switches: list[
     recs = []
     for gid, g in enumerate(groups):
         status = g.get("status", ["scored"] * len(g["end_s"]))
-        recs.append({"gid": gid, "t_admit": WALL0, "t_ready": WALL0 + max(g["end_s"]) + 0.05,
+        t_admit = WALL0 + g.get("lag", 0.0)  # the harness starts the group after the admission order
+        recs.append({"gid": gid, "t_admit": t_admit, "t_ready": t_admit + max(g["end_s"]) + g.get("build", 0.0),
                      "trained_tokens": g["tokens"],
                      "runs": [{"end_s": e, "status": s} for e, s in zip(g["end_s"], status)]})
     _lines(d / "groups.jsonl", recs)

@@ -75,6 +75,14 @@ def test_a_timed_out_run_never_finishes_and_a_group_cut_at_the_stop_lasts_until_
     assert wl.tok_per_work_s[1] == pytest.approx(30 / 30.0)  # 60 tokens / 2 runs over the 30 s timeout
 
 
+def test_runs_are_timed_from_the_admission_order_and_include_the_group_build(tmp_path):
+    groups = [{"end_s": [10.0], "tokens": 100, "lag": 3.0, "build": 0.5}, {"end_s": [20.0], "tokens": 100}]
+    run = write_run(tmp_path / "run", COLOCATE, groups, SWITCHES, STEPS, span_s=40.0, wall_s=100.0)
+    assert calibrate(read_run(run)).workload.work_s.tolist() == [pytest.approx(13.5), 20.0]
+    # the hand-derived timeline of the colocate test with q0 3.5 s longer
+    assert replay(run)[0]["sim_span_s"] == pytest.approx(37.5 + 3.5)
+
+
 def test_same_run_directory_gives_the_same_prediction(colocate_run):
     assert replay(colocate_run)[0] == replay(colocate_run)[0]
 
