@@ -129,6 +129,8 @@ def _replay_table(r: dict) -> str:
         span_err = _pct(p["span_error_pct"]) if name == r["policy"] else ""
         lines.append(f"{label:<28} {w:>8} {err:>7} {p['span_s']:>8.1f} {span_err:>7} "
                      f"{p['train_idle_frac']:>10.1%} {p['switches']:>8d} {p['staleness_mean']:>5.2f}")
+    if c["from_config"]:
+        lines.append(f"note: the run made no switch to measure {', '.join(c['from_config'])}: the config's value")
     if c["lost_cells"]:
         lines.append(f"note: cells {c['lost_cells']} were lost in the run; the simulation keeps every cell")
     for name, why in r["skipped"].items():

@@ -29,7 +29,8 @@ def colocate_run(tmp_path):
 def test_calibration_takes_the_measured_switch_training_and_step_costs(colocate_run):
     cal = calibrate(read_run(colocate_run))
     assert cal.sim["to_train_s"] == pytest.approx(1.0)   # (1.0 + (1.5 - 0.5)) / 2: the pull is charged apart
-    assert cal.facts["pull_s"] == pytest.approx(0.5)
+    assert cal.sim["weight_bytes"] / cal.sim["pull_bytes_per_s"] == pytest.approx(0.5)
+    assert cal.facts["from_config"] == []
     assert cal.sim["to_rollout_s"] == pytest.approx(2.0)
     assert cal.sim["train_tok_s_per_cell"] == pytest.approx(200 / 4.0)
     assert cal.sim["optimizer_s"] == pytest.approx(0.5) and cal.sim["steps"] == 2
@@ -81,6 +82,15 @@ def test_runs_are_timed_from_the_admission_order_and_include_the_group_build(tmp
     assert calibrate(read_run(run)).workload.work_s.tolist() == [pytest.approx(13.5), 20.0]
     # the hand-derived timeline of the colocate test with q0 3.5 s longer
     assert replay(run)[0]["sim_span_s"] == pytest.approx(37.5 + 3.5)
+
+
+def test_a_switch_the_run_never_made_keeps_the_configs_value(tmp_path):
+    run = write_run(tmp_path / "run", COLOCATE + ["sim.to_train_s=3.0", "sim.to_rollout_s=4.0"], GROUPS, [],
+                    STEPS, span_s=40.0, wall_s=100.0)
+    result, _ = replay(run)
+    c = result["calibration"]
+    assert c["from_config"] == ["to_train_s", "to_rollout_s", "weight_bytes"]
+    assert (c["to_train_s"], c["to_rollout_s"]) == (3.0, 4.0)
 
 
 def test_same_run_directory_gives_the_same_prediction(colocate_run):

@@ -22,7 +22,8 @@ What the simulator gets (``calibrate``)::
     switches   sim.to_train_s = mean (order → done - trainer_init - weight_pull) of rollout→train switches,
                the satellite pull = mean (trainer_init + weight_pull) of satellites' rollout→train switches,
                sim.to_rollout_s = mean order → done of train→rollout switches (means: the simulator charges one
-               value per switch, so the mean keeps the measured total)
+               value per switch, so the mean keeps the measured total); a kind of switch the run never made
+               (async) keeps the config's value, listed in ``calibration.from_config``
 
 Lost cells are not replayed (the simulator keeps every cell); ``calibration.lost_cells`` lists them.
 
@@ -50,7 +51,7 @@ from gyre_hpc.allocator.policies import validate
 from gyre_hpc.allocator.sim.compare import queries_needed, simulate_policy
 from gyre_hpc.allocator.sim.workload import Workload
 from gyre_hpc.config import GyreConfig, apply_overrides, build, read_yaml, to_dict
-from gyre_hpc.errors import ConfigError, GyreError, WorkloadError
+from gyre_hpc.errors import ConfigError, GyreError, SchedulingError, WorkloadError
 
 UNBOUNDED = 1e12  # sim.half_load / kv_slots_per_cell: measured durations already hold the live load
 PULL_BYTES_PER_S = 1e9
@@ -211,15 +212,19 @@ def _workload(groups: list[dict], timeout_s: float) -> Workload:
     return Workload(np.array(work), np.array(rate), np.full(len(work), math.inf), offsets, 0.0)
 
 
-def _switches(events: list[dict], core: int) -> dict[str, float]:
+def _switches(events: list[dict], core: int) -> tuple[dict[str, float], list[str]]:
+    """(the sim keys measured on the run's switches, the keys it had no switch for: they keep the config's)."""
     done = [e for e in events if e["event"] == "switch_done"]
     r2t = [e for e in done if e["role"] == "train"]
     t2r = [e for e in done if e["role"] == "rollout"]
     extra = [e["timing"].get("trainer_init_s", 0.0) + e["timing"].get("weight_pull_s", 0.0) for e in r2t]
     sat = [x for e, x in zip(r2t, extra) if e["cell"] != core]
-    return {"to_train_s": max(0.0, _mean([e["total_s"] - x for e, x in zip(r2t, extra)])),
-            "to_rollout_s": _mean([e["total_s"] for e in t2r]), "pull_s": _mean(sat),
-            "switches_r2t": len(r2t), "switches_t2r": len(t2r)}
+    measured = {"to_train_s": (r2t, lambda: max(0.0, _mean([e["total_s"] - x for e, x in zip(r2t, extra)]))),
+                "to_rollout_s": (t2r, lambda: _mean([e["total_s"] for e in t2r])),
+                "weight_bytes": (sat, lambda: max(_mean(sat), 1e-9) * PULL_BYTES_PER_S),
+                "pull_bytes_per_s": (sat, lambda: PULL_BYTES_PER_S)}
+    return ({k: f() for k, (xs, f) in measured.items() if xs},
+            [k for k, (xs, _) in measured.items() if not xs and k != "pull_bytes_per_s"])
 
 
 def calibrate(run: LiveRun) -> Calibration:
@@ -234,20 +239,19 @@ def calibrate(run: LiveRun) -> Calibration:
     last = [e["t"] for e in ev if e["event"] == "step"]
     if not last:
         raise WorkloadError(f"{run.path / run.cfg.allocator.events_file}: no optimizer step in the event log")
-    sw = _switches(ev, core=0)
+    sw, unmeasured = _switches(ev, core=0)
     opt = [s["optimizer_s"] + sum(s.get(k, 0.0) for k in ("save_weights_s", "publish_s", "checkpoint_s"))
            for s in run.steps]
     sim = {"steps": len(last), "train_tok_s_per_cell": max(tokens, 1.0) / work_s, "optimizer_s": _mean(opt),
-           "to_train_s": sw["to_train_s"], "to_rollout_s": sw["to_rollout_s"],
-           "weight_bytes": max(sw["pull_s"], 1e-9) * PULL_BYTES_PER_S, "pull_bytes_per_s": PULL_BYTES_PER_S,
-           "half_load": UNBOUNDED, "kv_slots_per_cell": int(UNBOUNDED), "kv_transfer_s": 0.0,
+           **sw, "half_load": UNBOUNDED, "kv_slots_per_cell": int(UNBOUNDED), "kv_transfer_s": 0.0,
            "reprefill_tokens": 0.0}
     timeout = run.cfg.agent.timeout_s
     facts = {"groups": len(run.groups), "censored_groups": sum(g["censored"] for g in run.groups),
              "runs": sum(len(g["end_s"]) for g in run.groups),
              "timed_out_runs": sum(sum(g["timed_out"]) for g in run.groups),
-             "train_work_s": work_s, "trained_tokens": tokens, "pull_s": sw["pull_s"],
-             "switches_r2t": sw["switches_r2t"], "switches_t2r": sw["switches_t2r"],
+             "train_work_s": work_s, "trained_tokens": tokens, "from_config": unmeasured,
+             "switches_r2t": sum(e["event"] == "switch_done" and e["role"] == "train" for e in ev),
+             "switches_t2r": sum(e["event"] == "switch_done" and e["role"] == "rollout" for e in ev),
              "lost_cells": sorted({e["cell"] for e in ev if e["event"] == "lost"})}
     return Calibration(_workload(run.groups, timeout), sim, last[-1] - first, facts)
 
@@ -282,7 +286,13 @@ def replay(run_dir: str | Path, what_if: bool = True, overrides: Sequence[str] =
         if (why := _valid(name, cfg)) is not None:
             skipped[name] = why
             continue
-        sims[name], r = simulate_policy(cfg, name, wl)
+        try:
+            sims[name], r = simulate_policy(cfg, name, wl)
+        except SchedulingError as exc:
+            if name == live:
+                raise
+            skipped[name] = f"the simulation failed: {exc}"
+            continue
         predicted[name] = _prediction(r, run.wall_s, cal.span_s)
     return _result(run, cal, cfg, predicted, skipped), sims
 
@@ -300,10 +310,11 @@ def _prediction(r: dict, wall: float | None, span: float) -> dict:
 def _result(run: LiveRun, cal: Calibration, cfg: Any, predicted: dict, skipped: dict) -> dict:
     live = predicted.get(run.cfg.scheduler.policy, {})
     sim_keys = ("train_tok_s_per_cell", "optimizer_s", "to_train_s", "to_rollout_s")
+    pull = {"pull_s": cfg.sim.weight_bytes / cfg.sim.pull_bytes_per_s}
     return {"run_dir": str(run.path), "policy": run.cfg.scheduler.policy, "cells": cfg.cluster.cells,
             "steps": cal.sim["steps"], "batch_groups": cfg.scheduler.batch_groups,
             "measured": {"wall_s": run.wall_s, "span_s": cal.span_s},
-            "calibration": {**{k: cal.sim[k] for k in sim_keys}, **cal.facts},
+            "calibration": {**{k: getattr(cfg.sim, k) for k in sim_keys}, **pull, **cal.facts},
             "sim_wall_s": live.get("wall_s"), "sim_span_s": live.get("span_s"),
             "sim_error_pct": live.get("error_pct"), "sim_span_error_pct": live.get("span_error_pct"),
             "predicted": predicted, "skipped": skipped}
