@@ -106,6 +106,8 @@ def test_same_run_directory_gives_the_same_prediction(colocate_run):
      r"groups.jsonl:1: end_s must be a number >= 0, got -1"),
     (lambda d: (d / "metrics.jsonl").write_text('{"trained_tokens": 5}\n'), r"metrics.jsonl:1: optimizer_s must be"),
     (lambda d: (d / "config.yaml").write_text("scheduler:\n  policy: nope\n"), r"config.yaml: .*scheduler.policy"),
+    (lambda d: (d / "events.jsonl").write_text('{"event": "start", "t": 0, "wall": 0}\n' * 2),
+     r"events.jsonl: the run was resumed"),
     (lambda d: (d / "events.jsonl").write_text('{"event": "start", "t": 0, "wall": 0}\n[1]\n'),
      r"events.jsonl:2: an event record is a JSON object"),
     (lambda d: (d / "events.jsonl").write_text('{"event": "start", "t": 0, "wall": 0}\n'

@@ -25,7 +25,8 @@ What the simulator gets (``calibrate``)::
                value per switch, so the mean keeps the measured total); a kind of switch the run never made
                (async) keeps the config's value, listed in ``calibration.from_config``
 
-Lost cells are not replayed (the simulator keeps every cell); ``calibration.lost_cells`` lists them.
+Lost cells are not replayed (the simulator keeps every cell); ``calibration.lost_cells`` lists them. A resumed
+run (several ``start`` records) is refused.
 
 Prediction: ``span`` = time of the last optimizer step - time of the first admission (the scheduled part);
 ``sim_wall_s`` = wall_s - measured span + simulated span (start-up and teardown are taken as measured);
@@ -161,6 +162,8 @@ def read_run(run_dir: str | Path) -> LiveRun:
         raise WorkloadError(f"{ev_path}: missing (the allocator's event log)")
     events = read_events(ev_path)
     _check_events(events, ev_path)
+    if sum(e["event"] == "start" for e in events) > 1:
+        raise WorkloadError(f"{ev_path}: the run was resumed (several segments); the replay covers one segment only")
     ready = {}
     for n, rec in _jsonl(d / "groups.jsonl"):
         g = _group(rec, f"{d / 'groups.jsonl'}:{n}")
