@@ -20,6 +20,9 @@ Invariants (tests/unit/test_resume_state.py)
 - ``load`` accepts only a state whose checkpoint holds the same version as state.json, with exactly
   ``steps_done`` step records and a ``lag_sum`` equal to the sum of those records' mean lags; anything else
   is a ``CheckpointError`` naming the file and the key.
+- ``config_changes`` names every dotted key whose value differs between the run's config.yaml and the config
+  of the resuming run, except the keys that may change across segments (``may_change``: the step count, the run
+  directory's name, timeouts, retries and the sbatch section); a resume refuses any other difference.
 - ``restore_sched`` gives the state the saved counters; the buffered groups count as ready and unprocessed,
   nothing is in flight: ``admission_window`` of the restored state equals the saved one.
 """
@@ -42,6 +45,37 @@ DIR, STATE, CHECKPOINT = "resume", "state.json", "checkpoint"
 #: SchedState fields saved and restored: the policy version, step count and the staleness bookkeeping
 SCHED_FIELDS = ("version", "steps_done", "trained_batches", "lag_sum", "admitted_queries")
 BUFFER_KEYS = ("gid", "tito", "runs", "trained_tokens", "gen_versions")
+
+
+#: config keys a resumed run may change: how many steps, where the run directory is, how long to wait, how the
+#: job is submitted. Everything else (model, optimizer, cells, policy, workload, seed) must stay what it was.
+MAY_CHANGE = ("allocator.steps", "run.name", "run.out_dir", "slurm.")
+MAY_CHANGE_SUFFIXES = ("timeout_s", "retries")
+
+
+def may_change(key: str) -> bool:
+    return key in MAY_CHANGE or key.startswith(tuple(k for k in MAY_CHANGE if k.endswith("."))) or \
+        key.rsplit(".", 1)[-1].endswith(MAY_CHANGE_SUFFIXES)
+
+
+def config_changes(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{dotted key: (saved value, new value)}`` for every difference a resume must refuse (``may_change``)."""
+    a, b = _flat(saved), _flat(now)
+    keys = sorted(k for k in set(a) | set(b) if a.get(k, _ABSENT) != b.get(k, _ABSENT) and not may_change(k))
+    return {k: (a.get(k, _ABSENT), b.get(k, _ABSENT)) for k in keys}
+
+
+_ABSENT = "<absent>"
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def resume_dir(run_dir: str | Path) -> Path:

@@ -105,12 +105,29 @@ def _resumable(cfg, run_dir: Path) -> Path:
     if not resume.exists(run_dir):
         raise ConfigError(f"--resume {run_dir}: no resume state there ({resume.resume_dir(run_dir)}/state.json); "
                           f"a run writes it when it is preempted (SIGTERM/SIGUSR1)")
+    check_resume_config(cfg, run_dir)
     done = resume.load(run_dir)["sched"]["steps_done"]
     if done >= cfg.allocator.steps:
         raise ConfigError(f"allocator.steps: {cfg.allocator.steps}, but {run_dir} has {done} steps done; "
                           f"resume with --set allocator.steps=N for N > {done}")
     print(f"gyre train: resuming {run_dir} at step {done}", file=sys.stderr)
     return run_dir
+
+
+def check_resume_config(cfg, run_dir: Path) -> None:
+    """A resume continues the run in ``run_dir``: its config may differ from RUN_DIR/config.yaml only in the keys
+    ``gyre_hpc.resume.may_change`` allows (steps, run directory name, timeouts, retries, slurm.*)."""
+    from gyre_hpc import resume
+
+    path = run_dir / "config.yaml"
+    if not resume.exists(run_dir) or not path.is_file():
+        return
+    changes = resume.config_changes(yaml.safe_load(path.read_text()) or {}, to_dict(cfg))
+    if changes:
+        listed = "; ".join(f"{k}: {old!r} there, {new!r} now" for k, (old, new) in changes.items())
+        raise ConfigError(f"{path}: resuming this run with a different config ({listed}); resume with the run's "
+                          f"config and --set options (only allocator.steps, run.name/out_dir, timeouts, retries "
+                          f"and slurm.* may change)")
 
 
 def _preempted(args: argparse.Namespace, run_dir: Path) -> int:
@@ -231,11 +248,15 @@ def _rank(cfg, args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     _check_placement(cfg)
+    check_resume_config(cfg, run_dir)  # every rank alike, before MPI starts
     transport = MpiTransport(1 + cfg.cluster.cells)
     _traceback_on_signal(run_dir / "traces" / f"rank{transport.rank}.txt")
     comm = open_data_comm()
     with _abort_world_on_error(transport.rank):
-        return _role(cfg, args, run_dir, transport, comm, preemption)
+        try:
+            return _role(cfg, args, run_dir, transport, comm, preemption)
+        finally:
+            preemption.ignore()  # a late signal must not kill this rank in MPI_Finalize (runtime/preempt.py)
 
 
 @contextlib.contextmanager

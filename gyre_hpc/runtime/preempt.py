@@ -12,12 +12,17 @@
     resume:  the core loads resume/checkpoint; rank 0 restores the hub's buffer (rebuilt from the TITO files),
              the SchedState counters, the step records and the run counters; event ``resumed``
 
+Once its role has ended (run_root returned, the cell said Bye) a rank ignores both signals until it exits
+(``Preemption.ignore``): its exit status is its own, never the default action of a late signal during MPI_Finalize.
+
 Engines and the proxy ignore SIGUSR1 (``serving.serve_announced``): under SLURM a signal to the step reaches
 every process of it. ``kill -USR2 PID`` dumps a rank's stacks (``jobs/train.py``).
 
 Invariants (tests/integration/test_preempt_resume.py)
 - The resume state is consistent: the checkpoint, the version, the step records and the SchedState counters
   belong to the same optimizer step; a buffered group was never trained (no step is half applied).
+- A rank whose role has ended exits with its own status (0 or PREEMPTED_EXIT) even when a preemption signal
+  arrives while the interpreter and MPI finalize (tests/unit/test_preempt_signals.py).
 - A resumed run numbers its steps on from the saved ones, and its first ``resumed`` event shows the saved
   staleness counters (``trained_batches``, ``lag_sum``) and admission window unchanged.
 """
@@ -52,6 +57,14 @@ class Preemption:
         if self.signal is None:
             self.signal, self.at = signal.Signals(signum).name, time.monotonic()
             self.on_signal()
+
+    def ignore(self) -> None:
+        """The shutdown has begun: from now on the preemption signals are ignored. Python gives a signal with a
+        Python handler its default action back when the interpreter finalizes, and MPI_Finalize runs after that:
+        a late SIGUSR1/SIGTERM (mpirun or srun ending the other ranks once one exited 75) would kill a rank that
+        was exiting in order. SIGKILL still ends a rank that hangs."""
+        for s in SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
 
     @property
     def requested(self) -> bool:

@@ -27,13 +27,15 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from gyre_hpc import resume
 from gyre_hpc.allocator.eventlog import EventLog, read_events
 from gyre_hpc.allocator.policies import make_policy
 from gyre_hpc.allocator.server import AllocatorServer
 from gyre_hpc.allocator.sim.replay import live_prediction
 from gyre_hpc.allocator.types import Role
-from gyre_hpc.config import GyreConfig
+from gyre_hpc.config import GyreConfig, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
 from gyre_hpc.io import atomic_write_json, atomic_write_text
 from gyre_hpc.runtime import preempt
@@ -172,6 +174,8 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
 def _load_resume(cfg: GyreConfig, run_dir: Path) -> dict | None:
     """The resume state of ``run_dir`` if it holds one (checked before any process starts its work)."""
     if not resume.exists(run_dir):
+        if not (run_dir / "config.yaml").is_file():  # srun's ranks of a plain sbatch: the config resumes check
+            atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
         return None
     saved = resume.load(run_dir)
     if saved["sched"]["steps_done"] >= cfg.allocator.steps:

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 4
 OVERRIDES = ["cluster.cells=2", "scheduler.policy=async", "scheduler.async_train_cells=1", "scheduler.batch_groups=2",
              f"allocator.steps={STEPS}", "agent.runs_per_group=2", "agent.turns=[1, 2]", "run.name=preempt",
-             "allocator.hello_timeout_s=300", "allocator.heartbeat_timeout_s=300", "proxy.startup_timeout_s=180"]
+             "allocator.hello_timeout_s=600", "allocator.heartbeat_timeout_s=300", "proxy.startup_timeout_s=180",
+             "engine.startup_timeout_s=600", "agent.timeout_s=120"]
 TIMEOUT_S = 600
 
 

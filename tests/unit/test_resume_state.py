@@ -97,3 +97,34 @@ def test_restored_counters_give_the_same_admission_window_and_count_the_buffer_a
         assert admission_window(after, 4, target, 0.5, 32) == admission_window(before, 4, target, 0.5, 32)
     assert (after.ready_groups, after.unprocessed_groups, after.inflight_groups) == (2, 2, 0)
     assert after.ready_since(2) == 10.0 and after.backlog_work_s == 0.5
+
+
+def test_config_changes_name_every_differing_key_except_those_a_resume_may_change():
+    from gyre_hpc.config import load_config, to_dict
+
+    saved = to_dict(load_config("configs/local.yaml", ["allocator.steps=4", "model.hidden=64"]))
+    now = to_dict(load_config("configs/local.yaml", [
+        "allocator.steps=8", "run.name=other", "engine.startup_timeout_s=900", "slurm.time=02:00:00",
+        "engine.connect_retries=9", "model.hidden=32", "scheduler.policy=async", "agent.turns=[1, 2]"]))
+    assert resume.config_changes(saved, now) == {"agent.turns": ([1, 3], [1, 2]), "model.hidden": (64, 32),
+                                                 "scheduler.policy": ("gyre", "async")}
+    assert resume.config_changes(saved, saved) == {}
+
+
+def test_a_key_missing_on_one_side_is_a_change():
+    assert resume.config_changes({"model": {"hidden": 64}}, {"model": {}}) == {"model.hidden": (64, "<absent>")}
+
+
+def test_resuming_with_another_config_fails_before_any_process_starts_naming_the_keys(tmp_path):
+    import yaml
+
+    from gyre_hpc.config import load_config, to_dict
+    from gyre_hpc.errors import ConfigError
+    from jobs.train import check_resume_config
+
+    run = tmp_path / "run"
+    resume.save(run, state(), checkpoint(tmp_path, 2))
+    (run / "config.yaml").write_text(yaml.safe_dump(to_dict(load_config("configs/local.yaml", []))))
+    check_resume_config(load_config("configs/local.yaml", ["allocator.steps=20"]), run)  # more steps: fine
+    with pytest.raises(ConfigError, match=r"config.yaml: .*train.lr: 0.01 there, 0.5 now"):
+        check_resume_config(load_config("configs/local.yaml", ["train.lr=0.5", "allocator.steps=20"]), run)
