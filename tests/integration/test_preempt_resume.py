@@ -18,7 +18,7 @@ from gyre_hpc.engines.weights import weights_checksum
 from gyre_hpc.resume import PREEMPTED_EXIT
 from slurm_cluster import mpirun  # noqa: F401  (fixture)
 
-pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.slow]
+pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 4
@@ -120,8 +120,22 @@ def test_staleness_counters_and_admission_window_are_those_saved(preempted, resu
     (res,) = [e for e in events if e["event"] == "resumed"]
     keys = ("version", "steps_done", "trained_batches", "lag_sum", "window", "buffer", "next_gid")
     assert {k: res[k] for k in keys} == {k: pre[k] for k in keys}
-    step_events = [e for e in events if e["event"] == "step"]
-    assert step_events[-1]["steps_done"] == STEPS  # the allocator counted on from the restored counters
+    new = [e for e in events[events.index(res):] if e["event"] == "step"]
+    assert [e["steps_done"] for e in new] == list(range(res["steps_done"] + 1, STEPS + 1))  # counted on from there
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    lag = sum(max(0.0, s["staleness_mean"]) for s in steps)  # SchedState.lag_sum over both segments
+    assert res["lag_sum"] + sum(e["mean_lag"] for e in new) == pytest.approx(lag)
+
+
+def test_the_first_segment_step_records_are_kept_and_the_summary_covers_both_segments(preempted, resumed):
+    summary, _ = resumed
+    run_dir, state = preempted[3], preempted[4]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps[:state["version"]] == state["steps"]
+    tokens = sum(s["lag_tokens"] for s in steps)
+    assert summary["staleness_mean"] == pytest.approx(sum(s["staleness_mean"] * s["lag_tokens"] for s in steps)
+                                                      / tokens if tokens else 0.0)
+    assert summary["staleness_max"] == max(s["staleness_max"] for s in steps)
 
 
 def test_the_resumed_core_starts_from_the_saved_weights(preempted, resumed):
