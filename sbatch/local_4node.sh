@@ -50,8 +50,10 @@ for ((k = 0; k < 4; k++)); do RANK_NODES+=",${NODES[k * 1]}"; done
 srun --ntasks=5 --distribution=arbitrary --nodelist="$RANK_NODES" --overlap --overcommit --mpi=pmix --kill-on-bad-exit=1 \
   python3 -m gyre_hpc.cli train configs/local_4node.yaml --run-dir "$RUN_DIR" "$@" &
 STEP=$!
+CANCELLED=0
 trap 'kill -s USR1 $STEP 2>/dev/null || true' USR1
-trap 'kill -s TERM $STEP 2>/dev/null || true' TERM
+# SIGTERM to this shell: scancel JOBID (a cancel), or SLURM preempting/requeueing the job itself
+trap 'CANCELLED=1; kill -s TERM $STEP 2>/dev/null || true' TERM
 # wait returns early when a trapped signal arrives: keep waiting until the step has ended
 while kill -0 "$STEP" 2>/dev/null; do wait "$STEP" || true; done
 RC=0; wait "$STEP" || RC=$?
@@ -59,9 +61,10 @@ RC=0; wait "$STEP" || RC=$?
 # --- preempted (exit 75: checkpoint and resume state in $RUN_DIR): requeue this job, at most 3 times;
 #     the same job id gives the same RUN_DIR, and the requeued ranks resume from it
 #     (srun may report 143 when --kill-on-bad-exit ended a rank that was exiting 75 itself: the resume
-#     state this step wrote is the proof)
+#     state this step wrote is the proof); never after a SIGTERM to this shell (CANCELLED): a cancel
+#     stays cancelled, and what SLURM preempts or requeues itself it requeues itself
 if (( RC == 75 )) || [[ "$RUN_DIR/resume/state.json" -nt "$RUN_DIR/.step-start" ]]; then
-  if (( ${SLURM_RESTART_COUNT:-0} < 3 )) && scontrol requeue "$SLURM_JOB_ID"; then
+  if (( ! CANCELLED && ${SLURM_RESTART_COUNT:-0} < 3 )) && scontrol requeue "$SLURM_JOB_ID"; then
     echo "gyre: preempted; job $SLURM_JOB_ID requeued (restart $(( ${SLURM_RESTART_COUNT:-0} + 1 )) of 3)" >&2
     exit 0
   fi

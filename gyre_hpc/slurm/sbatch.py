@@ -9,7 +9,8 @@ What the script does on the cluster (docs/slurm.md)::
     srun ... &               ONE pmix world of 1 + K ranks (Layout.control_srun_args) running
                              `python -m gyre_hpc.cli train CONFIG --run-dir RUN_DIR "$@"`; no Ray, MPI is the
                              rendezvous; the script's arguments go to gyre train (``sbatch SCRIPT --set a.b=c``)
-    trap SIG/TERM            the batch shell forwards the preemption signal (#SBATCH --signal=B:SIG@s) to the step
+    trap SIG/TERM            the batch shell forwards the preemption signal (#SBATCH --signal=B:SIG@s) to the step;
+                             a SIGTERM to the shell (scancel JOBID) is forwarded too and marks the job CANCELLED
     exit 75 (preempted)      the ranks saved RUN_DIR/resume: `scontrol requeue` the job (slurm.requeue, at most
                              slurm.max_requeues times); the same job id gives the same RUN_DIR, so it resumes
 
@@ -21,7 +22,9 @@ Invariants
   the ranks' own placement check agree.
 - Open MPI loopback settings appear only when ``slurm.local_cluster`` is true.
 - The script requeues itself only when ``slurm.requeue`` is true and ``slurm.max_requeues`` > 0, only on the
-  preempted exit status (``gyre_hpc.resume.PREEMPTED_EXIT``), and exits with the step's status otherwise.
+  preempted exit status (``gyre_hpc.resume.PREEMPTED_EXIT``) or a resume state the step wrote, never after a
+  SIGTERM to the batch shell (a plain ``scancel``; unless TERM is the preemption signal), and exits with the
+  step's status otherwise.
 - The checked-in scripts in sbatch/ equal ``render_sbatch`` of their configs (``python -m gyre_hpc.slurm.sbatch
   --write`` regenerates them; tests/unit/test_sbatch.py checks).
 """
@@ -136,9 +139,11 @@ def _launch(cfg, layout, config_path: str, overrides: Sequence[str]) -> list[str
         "", f"# --- one srun: the allocator + {c.cells} cell leaders as one pmix world; a rank that dies ends the "
             "step", "#     (--kill-on-bad-exit) so a failure ends the job instead of hanging it",
         "srun " + " ".join(srun) + " \\", "  " + " ".join(train) + " &",
-        "STEP=$!",
-        f"trap 'kill -s {sig} $STEP 2>/dev/null || true' {sig}" + ("\ntrap 'kill -s TERM $STEP 2>/dev/null || "
-                                                                  "true' TERM" if sig != "TERM" else ""),
+        "STEP=$!", "CANCELLED=0",
+        f"trap 'kill -s {sig} $STEP 2>/dev/null || true' {sig}",
+    ] + ([
+        "# SIGTERM to this shell: scancel JOBID (a cancel), or SLURM preempting/requeueing the job itself",
+        "trap 'CANCELLED=1; kill -s TERM $STEP 2>/dev/null || true' TERM"] if sig != "TERM" else []) + [
         "# wait returns early when a trapped signal arrives: keep waiting until the step has ended",
         'while kill -0 "$STEP" 2>/dev/null; do wait "$STEP" || true; done',
         'RC=0; wait "$STEP" || RC=$?',
@@ -157,9 +162,10 @@ def _requeue(s, config_path: str) -> list[str]:
         "", f"# --- preempted (exit {PREEMPTED_EXIT}: checkpoint and resume state in $RUN_DIR): requeue this job, at "
             f"most {n} times;", "#     the same job id gives the same RUN_DIR, and the requeued ranks resume from it",
         "#     (srun may report 143 when --kill-on-bad-exit ended a rank that was exiting 75 itself: the resume",
-        "#     state this step wrote is the proof)",
+        "#     state this step wrote is the proof); never after a SIGTERM to this shell (CANCELLED): a cancel",
+        "#     stays cancelled, and what SLURM preempts or requeues itself it requeues itself",
         f'if (( RC == {PREEMPTED_EXIT} )) || [[ "$RUN_DIR/resume/state.json" -nt "$RUN_DIR/.step-start" ]]; then',
-        f'  if (( ${{SLURM_RESTART_COUNT:-0}} < {n} )) && scontrol requeue "$SLURM_JOB_ID"; then',
+        f'  if (( ! CANCELLED && ${{SLURM_RESTART_COUNT:-0}} < {n} )) && scontrol requeue "$SLURM_JOB_ID"; then',
         f'    echo "gyre: preempted; job $SLURM_JOB_ID requeued (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of '
         f'{n})" >&2',
         "    exit 0", "  fi", by_hand, "fi",

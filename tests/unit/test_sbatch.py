@@ -183,7 +183,7 @@ def test_script_requeues_itself_only_on_the_preempted_status_when_configured(req
     assert ("open-mode" in directives(text)) == requeue  # a requeued job appends to its logs
     assert "if (( RC == 75 ))" in text and text.rstrip().endswith('exit "$RC"')
     if requeues:
-        assert f"(( ${{SLURM_RESTART_COUNT:-0}} < {max_requeues} ))" in text
+        assert f"(( ! CANCELLED && ${{SLURM_RESTART_COUNT:-0}} < {max_requeues} ))" in text
     else:
         assert "gyre train c.yaml --resume $RUN_DIR" in text
 
@@ -191,3 +191,45 @@ def test_script_requeues_itself_only_on_the_preempted_status_when_configured(req
 def test_negative_max_requeues_is_refused_by_key():
     with pytest.raises(ConfigError, match="slurm.max_requeues"):
         load_config(None, ["slurm.max_requeues=-1"])
+
+
+FAKE_SRUN = """#!/bin/bash
+trap 'echo "{}" > "$GYRE_RUN_DIR/resume/state.json"; exit 75' USR1 TERM
+mkdir -p "$GYRE_RUN_DIR/resume"; touch "$GYRE_RUN_DIR/step-running"
+while true; do sleep 0.05; done
+"""
+FAKE_SCONTROL = """#!/bin/bash
+if [[ "$1" == show ]]; then for ((i = 1; i <= NODES; i++)); do echo "n$i"; done; exit 0; fi
+echo "$*" >> "$GYRE_RUN_DIR/scontrol.log"
+"""
+
+
+@pytest.mark.parametrize("signal_name,requeued,code", [("USR1", True, 0), ("TERM", False, 75)])
+def test_a_preemption_signal_requeues_the_job_and_a_cancel_never_does(tmp_path, signal_name, requeued, code):
+    """The rendered script under bash with srun and scontrol replaced at their boundary: USR1 to the batch shell
+    (#SBATCH --signal=B:USR1@s) ends the step preempted and requeues; SIGTERM to the shell (plain scancel) ends it
+    preempted too (the resume state is saved) but never requeues: a cancel stays cancelled."""
+    import signal
+    import time
+
+    cfg = load_config(None, ["slurm.signal=USR1@60"])
+    bin_dir, run_dir = tmp_path / "bin", tmp_path / "run"
+    bin_dir.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    script = tmp_path / "job.sh"
+    script.write_text(render_sbatch(cfg, "c.yaml"))
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "GYRE_RUN_DIR": str(run_dir), "SLURM_JOB_ID": "7",
+           "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_NODELIST": "n[1-9]", "NODES": str(node_count(cfg))}
+    proc = subprocess.Popen(["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while not (run_dir / "step-running").exists() and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(getattr(signal, f"SIG{signal_name}"))
+    _, err = proc.communicate(timeout=30)
+    log = run_dir / "scontrol.log"
+    assert (log.is_file() and "requeue 7" in log.read_text()) == requeued, err
+    assert proc.returncode == code, err
+    assert ("job 7 requeued (restart 1 of 3)" in err) == requeued
+    assert ("continue with gyre train c.yaml --resume" in err) != requeued
