@@ -25,7 +25,8 @@ STEPS = 4
 OVERRIDES = ["cluster.cells=2", "scheduler.policy=async", "scheduler.async_train_cells=1", "scheduler.batch_groups=2",
              f"allocator.steps={STEPS}", "agent.runs_per_group=2", "agent.turns=[1, 2]", "run.name=preempt",
              "allocator.hello_timeout_s=600", "allocator.heartbeat_timeout_s=300", "proxy.startup_timeout_s=180",
-             "engine.startup_timeout_s=600", "agent.timeout_s=120"]
+             "engine.startup_timeout_s=600", "agent.timeout_s=120",
+             "agent.tool_time_median_s=1.0"]  # steps seconds apart even on a quiet machine: SIGTERM lands mid-run
 TIMEOUT_S = 600
 
 

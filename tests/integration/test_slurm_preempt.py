@@ -35,18 +35,18 @@ CONFIG = "configs/local_4node.yaml"
 OVERRIDES = ["cluster.cells=2", f"allocator.steps={STEPS}", "scheduler.policy=async", "scheduler.async_train_cells=1",
              "scheduler.batch_groups=2", "agent.runs_per_group=2", "agent.turns=[1, 2]", "agent.timeout_s=120",
              "allocator.hello_timeout_s=600", "allocator.heartbeat_timeout_s=300", "proxy.startup_timeout_s=180",
-             "engine.startup_timeout_s=600"]
+             "engine.startup_timeout_s=600", "agent.tool_time_median_s=1.0"]  # steps seconds apart even when quiet
 TIMEOUT_S = 900
 KEYS = ("version", "steps_done", "trained_batches", "lag_sum", "window", "buffer", "next_gid")
 
 
-def submit(tmp_path: Path) -> tuple[str, Path, Path]:
+def submit(tmp_path: Path, *args: str) -> tuple[str, Path, Path]:
     """sbatch the rendered 2-cell script from the repository root; returns (job id, RUN_DIR, log)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     script, run_dir, log = tmp_path / "job.sbatch", tmp_path / "run", tmp_path / "job.log"
     script.write_text(render_sbatch(load_config(ROOT / CONFIG, OVERRIDES), CONFIG, OVERRIDES))
     sub = subprocess.run(["sbatch", "--parsable", f"--output={log}", f"--error={log}",
-                          f"--export=ALL,GYRE_RUN_DIR={run_dir}", str(script)],
+                          f"--export=ALL,GYRE_RUN_DIR={run_dir}", str(script), *args],
                          capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert sub.returncode == 0, sub.stderr
     return sub.stdout.split(";")[0].strip(), run_dir, log
@@ -73,10 +73,10 @@ def ended(job_id: str) -> bool:
     return bool(re.search(r"JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|PREEMPTED)", job(job_id)))
 
 
-def running_after_first_step(tmp_path: Path) -> tuple[str, Path, Path]:
+def running_after_first_step(tmp_path: Path, *args: str) -> tuple[str, Path, Path]:
     """A submitted job that has done its first optimizer step (one retry of an MPI_Init crash)."""
     for attempt in range(2):
-        job_id, run_dir, log = submit(tmp_path / f"try{attempt}")
+        job_id, run_dir, log = submit(tmp_path / f"try{attempt}", *args)
         wait_until(lambda: steps_done(run_dir) >= 1 or ended(job_id), "the first step")
         if "JobState=RUNNING" in job(job_id):
             return job_id, run_dir, log
@@ -92,6 +92,7 @@ def test_usr1_to_the_batch_shell_preempts_requeues_and_the_same_job_resumes_to_t
     wait_until(lambda: "Restarts=1" in job(job_id) or ended(job_id), "the requeue")
     assert "Restarts=1" in job(job_id), (job(job_id), log.read_text()[-4000:])
     wait_until(lambda: "JobState=PENDING" in job(job_id) or ended(job_id), "the requeued job to pend", 120)
+    time.sleep(3)  # a start in the second of the requeue fails: "Job credential revoked" (SLURM's hold avoids it)
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
     state, code = wait_for(job_id, TIMEOUT_S)
     text = log.read_text()
@@ -113,7 +114,7 @@ def test_usr1_to_the_batch_shell_preempts_requeues_and_the_same_job_resumes_to_t
 
 
 def test_plain_scancel_cancels_without_requeue_and_any_resume_state_it_saved_is_whole(local_slurm, tmp_path):
-    job_id, run_dir, log = running_after_first_step(tmp_path)
+    job_id, run_dir, log = running_after_first_step(tmp_path, "--set", "allocator.steps=50")  # still running
     subprocess.run(["scancel", job_id], check=True)
     state, _ = wait_for(job_id, 120)
     time.sleep(3)  # a requeue by the batch shell would show by now
