@@ -150,7 +150,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """The training step: loss, optimizer, and how a burst of ready groups becomes optimizer steps."""
+    """The training step: loss, optimizer, and how many updates each step makes over its batch."""
 
     loss: Literal["pg", "ppo"] = param(
         "pg", "pg: -A*logp; ppo: clipped importance ratio against old_logprob (the generating policy)."
@@ -160,7 +160,10 @@ class TrainConfig:
     betas: tuple[float, ...] = param((0.9, 0.999), "Adam (beta1, beta2).")
     weight_decay: float = param(0.0, "Decoupled weight decay (AdamW).")
     grad_clip: float | None = param(1.0, "Clip the global gradient norm to this value; null = no clipping.")
-    mu: int = param(1, "Optimizer steps per training burst: the burst's rows are split in order into mu steps.")
+    epochs: int = param(
+        1, "PPO epochs: AdamW updates per training step over the same batch (each step still publishes one new "
+           "policy version); > 1 needs loss: ppo. Steps per burst are scheduler.mu."
+    )
     split_trees: bool = param(
         True, "Cut packed rows into one row per tree before the forward (same logits; dense attention costs L^2)."
     )
@@ -181,7 +184,10 @@ class TrainConfig:
         )
         require(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
         require(self.grad_clip is None or self.grad_clip > 0, "grad_clip", f"must be > 0 or null, got {self.grad_clip}")
-        require(self.mu >= 1, "mu", f"must be >= 1, got {self.mu}")
+        require(self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}")
+        require(self.epochs == 1 or self.loss == "ppo", "epochs",
+                f"{self.epochs} updates per batch train off-policy after the first: set train.loss: ppo "
+                f"(clipped importance ratio) or train.epochs: 1")
         for key in ("micro_batch_tokens", "threads"):
             v = getattr(self, key)
             require(v is None or v >= 1, key, f"must be >= 1 or null, got {v}")
@@ -296,7 +302,10 @@ class SchedulerConfig:
     batch_groups: int = param(8, "B: groups (queries) per optimizer step.")
     theta: float = param(0.5, "Gyre: a cell moves to training once ready groups stay >= theta * B for tau_s.")
     tau_s: float = param(60.0, "Gyre: seconds the ready-group condition must hold before a cell moves.")
-    mu: int = param(1, "Optimizer steps per training burst (streaming policies); must match train.mu live.")
+    mu: int = param(
+        1, "Training steps per burst (gyre, streaming policies): the core makes mu steps of batch_groups groups "
+           "(one policy version each) before the training cells go back to rollout. Updates per step: train.epochs."
+    )
     staleness_target: float = param(1.0, "E[d]: target mean per-token policy-version lag of trained tokens.")
     staleness_gain: float = param(0.5, "Integral gain of the admission window (batches per unit of lag error).")
     max_window_batches: float = param(8.0, "Admitted-but-untrained groups never exceed this many batches.")

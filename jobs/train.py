@@ -351,7 +351,7 @@ def _sync(cfg, args: argparse.Namespace) -> int:
 
     res = run_closed_loop(cfg.agent, cfg.model, cfg.train, cfg.trajectory, cfg.engine,
                           steps=cfg.allocator.steps, groups_per_step=cfg.scheduler.batch_groups,
-                          seed=cfg.run.seed, work_dir=run_dir, epochs=cfg.train.mu, on_step=on_step)
+                          seed=cfg.run.seed, work_dir=run_dir, epochs=cfg.train.epochs, on_step=on_step)
     bar.close()
     rewards = [s.reward for s in res.steps]
     summary = {

@@ -5,7 +5,7 @@ right after building its ``MpiTransport``), so nothing here can match a control 
 
     cell  ──WANT(cell, have_version)─────────────▶ rank 0 (the hub)
     cell  ◀─GROUP(version, group | None, desc)──── rank 0
-    satellite ──GRADS(version, gid, Z, grads, lag)▶ core cell's rank
+    satellite ──GRADS(version, gid, Z, grads, lag, group)▶ core cell's rank
     core  ──STEPPED(version, step record)────────▶ rank 0
 
 The hub (``runtime.hub``) hands each optimizer step exactly ``batch_groups`` ready groups, in completion order,
@@ -17,12 +17,19 @@ hands the groups it held to another training cell, and the lost satellite may st
 may have delivered them just before it was found silent. The core's ``GradLedger`` takes each group once per
 version and drops the other copy and any gradient of an older version.
 
-Invariants (tests/integration/test_live_training.py, tests/integration/test_hub_recovery.py)
+Staleness of a trained token generated at version g, whose group became ready at version r and is trained at
+version v: ``v - g = (r - g) + (v - r)``, the pre-queue part (the policy moved on while the run still
+generated) plus the in-queue part (the group waited in the ready buffer).
+
+Invariants (tests/integration/test_live_training.py, tests/integration/test_hub_recovery.py,
+tests/unit/test_lag_split.py)
 - A message on the data plane never uses the control communicator, and every payload names the policy
   version it belongs to.
 - ``GradLedger``: the core sums the gradients of each group at most once per version, and only of its current
   version (a newer version is a ``ProtocolError``); a dropped copy never stops the step, whose
   ``batch_groups`` groups are distinct.
+- ``lag_stats``: pre-queue sum + in-queue sum = total lag sum, token by token; a ready version below a token's
+  generating version, or a trained version below the ready version, is refused (``ProtocolError``).
 """
 from __future__ import annotations
 
@@ -57,6 +64,7 @@ class Group:
     runs: int = 0
     t_ready: float = 0.0  # rank 0 wall clock when the group became ready
     gen_versions: tuple = ()  # distinct versions that generated its tokens
+    ready_version: int = 0  # newest policy version when it became ready (the hub sets it on intake)
 
 
 class GradLedger:
@@ -111,15 +119,43 @@ def wait(comm: Any, tag: int, source: int, timeout_s: float, idle=None) -> Any:
     raise TimeoutError(f"no data-plane message (tag {tag}) from rank {source} within {timeout_s} s")
 
 
-def lag_stats(batch: Any, version: int) -> tuple[float, int, int]:
-    """(sum of lags, trained tokens, max lag) of ``batch`` trained at ``version``: lag = version - generating."""
-    if batch is None:
-        return 0.0, 0, 0
-    mask = batch.loss_mask > 0
-    lag = version - batch.version[mask]
-    if lag.size == 0:
-        return 0.0, 0, 0
-    return float(lag.sum()), int(lag.size), int(lag.max())
+LAG_KEYS = ("sum", "tokens", "max", "pre_sum", "pre_max", "in_sum", "in_max")
+
+
+def lag_stats(batch: Any, version: int, ready_version: int | None = None) -> dict:
+    """Lag of ``batch``'s trained tokens trained at ``version`` (lag = version - generating version), split at
+    ``ready_version`` (None: ``version``, nothing in the queue) into pre-queue and in-queue parts::
+
+        {"sum", "tokens", "max", "pre_sum", "pre_max", "in_sum", "in_max"}   (each part measured on its own)
+    """
+    ready = version if ready_version is None else ready_version
+    gen = np.zeros(0, np.int64) if batch is None else np.asarray(batch.version)[batch.loss_mask > 0]
+    if gen.size == 0:
+        return dict.fromkeys(LAG_KEYS, 0)
+    if ready > version or int(gen.max()) > ready:
+        raise ProtocolError(f"versions out of order: generated up to {int(gen.max())}, ready at {ready}, "
+                            f"trained at {version}")
+    pre = ready - gen
+    return {"sum": float((version - gen).sum()), "tokens": int(gen.size), "max": int(version - gen.min()),
+            "pre_sum": float(pre.sum()), "pre_max": int(pre.max()),
+            "in_sum": float((version - ready) * gen.size), "in_max": version - ready}
+
+
+def merge_lag(acc: dict | None, lag: dict) -> dict:
+    """Two ``lag_stats`` results as one (sums add, maxima take the larger)."""
+    if acc is None:
+        return dict(lag)
+    return {k: max(acc[k], lag[k]) if k.endswith("max") else acc[k] + lag[k] for k in LAG_KEYS}
+
+
+def lag_record(lag: dict | None) -> dict:
+    """The step record's staleness fields: per-trained-token means and maxima, total and split."""
+    lag = lag or dict.fromkeys(LAG_KEYS, 0)
+    n = max(lag["tokens"], 1)
+    return {"staleness_mean": lag["sum"] / n, "staleness_max": lag["max"],
+            "staleness_prequeue_mean": lag["pre_sum"] / n, "staleness_prequeue_max": lag["pre_max"],
+            "staleness_inqueue_mean": lag["in_sum"] / n, "staleness_inqueue_max": lag["in_max"],
+            "lag_tokens": lag["tokens"]}
 
 
 def to_numpy(grads: dict) -> dict[str, np.ndarray]:

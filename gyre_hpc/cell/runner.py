@@ -210,13 +210,13 @@ class CellRunner:
                 return
         z, grads, loss = self.trainer.grads(group)
         seconds = time.perf_counter() - t0
-        lag = dp.lag_stats(group.batch, version)
+        lag = dp.lag_stats(group.batch, version, group.ready_version)
         if self.is_core:
-            if self.trainer.add(version, group.gid, z, grads, loss, lag):
+            if self.trainer.add(version, group.gid, z, grads, loss, lag, group):
                 self.work_s += seconds
-        else:
+        else:  # the group goes along: the core trains it again in epochs 2..train.epochs
             self._send_data({"version": version, "gid": group.gid, "z": z, "grads": grads, "loss": loss,
-                             "lag": lag, "seconds": seconds}, CORE + 1, dp.GRADS)
+                             "lag": lag, "seconds": seconds, "group": group}, CORE + 1, dp.GRADS)
 
     def _pull(self, version: int | None = None) -> dict | None:
         """Satellite: the core's weights (``SatelliteTrainer.ensure``); ``_RunOver`` when the pull failed because
@@ -259,12 +259,12 @@ class CellRunner:
     def _core_poll(self) -> None:
         while (got := dp.poll(self.comm, dp.GRADS)) is not None:
             g = got[1]  # a late copy of a group re-issued after its satellite was lost is dropped
-            if self.trainer.add(g["version"], g["gid"], g["z"], g["grads"], g["loss"], tuple(g["lag"])):
+            if self.trainer.add(g["version"], g["gid"], g["z"], g["grads"], g["loss"], g["lag"], g["group"]):
                 self.work_s += g["seconds"]
         if self.role is not Role.TRAIN:
             return
         if self.trainer.groups >= self.cfg.scheduler.batch_groups:
-            rec = self.trainer.step()
+            rec = self._busy(self.trainer.step)  # train.epochs updates + publish: heartbeats go on meanwhile
             self.comm.send(rec, dest=dp.HUB, tag=dp.STEPPED)
             self._report(1, rec["staleness_mean"])
         elif self.trainer.unreported:

@@ -29,7 +29,9 @@ Invariants (tests/integration/test_live_training.py, tests/integration/test_hub_
 - Each ready group goes out exactly once, in completion order, and each version gets exactly
   ``batch_groups`` groups; the one exception is a group a LOST cell held, which goes out again, first, for the
   same version, and is trained in exactly one step.
-- Per-token staleness = the version a group is trained at − the version that generated the token.
+- Per-token staleness = the version a group is trained at − the version that generated the token; a group's
+  ``ready_version`` (set on intake: the newest version known then) splits it into pre-queue and in-queue parts,
+  and lies between its tokens' generating versions and the version it is trained at.
 """
 from __future__ import annotations
 
@@ -95,9 +97,12 @@ class Hub:
     def _take_incoming(self) -> None:
         while True:
             try:
-                self.ready.append(self.incoming.get_nowait())
+                group = self.incoming.get_nowait()
             except queue.Empty:
                 break
+            # the newest version known now (its own tokens prove theirs exists, even before STEPPED arrives)
+            group.ready_version = max(self.version, *group.gen_versions, 0)
+            self.ready.append(group)
 
     def _next(self, cell: int) -> dp.Group | None:
         if self.frozen:

@@ -239,10 +239,20 @@ def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollou
         "staleness_mean": (sum(s["staleness_mean"] * s["lag_tokens"] for s in steps) / lag_tokens
                            if lag_tokens else 0.0),
         "staleness_max": max((s["staleness_max"] for s in steps), default=0),
+        **{f"staleness_{part}_{stat}": _staleness(steps, f"staleness_{part}_{stat}")
+           for part in ("prequeue", "inqueue") for stat in ("mean", "max")},
         "switch_s": {d: _median([s[f"{d}_s"] for s in switches if f"{d}_s" in s])
                      for d in ("total", "drain", "engine_stop", "weight_pull", "engine_start")},
         "build_errors": rollouts.errors, "stop": stop, "run_dir": str(run_dir),
     }
+
+
+def _staleness(steps: list[dict], key: str) -> float:
+    """A staleness field over the whole run: maxima of the steps, or means weighted by trained tokens."""
+    if key.endswith("_max"):
+        return max((s[key] for s in steps), default=0)
+    tokens = sum(s["lag_tokens"] for s in steps)
+    return sum(s[key] * s["lag_tokens"] for s in steps) / tokens if tokens else 0.0
 
 
 def _median(xs: list[float]) -> float | None:

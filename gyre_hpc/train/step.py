@@ -4,7 +4,7 @@ One step sums the per-token loss of ``gyre_hpc.train.loss`` over all rows of the
 batch's trained tokens. Rows are cut into one row per tree (``train.split_trees``) and grouped by length into
 micro-batches of at most ``train.micro_batch_tokens`` padded tokens (``gyre_hpc.train.layout``), gradients
 accumulating over them; the global gradient norm is clipped to ``train.grad_clip``; then AdamW steps and the policy ``version`` grows by one.
-A burst (``Trainer.burst``) splits its rows, in order, into ``train.mu`` such steps.
+A burst (``Trainer.burst(batch, steps)``) splits its rows, in order, into ``steps`` such steps (the scheduler's mu).
 
 Invariants
 - Flat and tree packings of the same paths give the same loss and the same gradients (up to float rounding):
@@ -41,7 +41,7 @@ def split_rows(batch: PackedBatch, parts: int) -> list[PackedBatch]:
     """``parts`` consecutive row groups of ``batch`` (in order; sizes differ by at most one)."""
     R = batch.shape[0]
     if parts > R:
-        raise TrajectoryError(f"cannot split a batch of {R} rows into {parts} optimizer steps (train.mu)")
+        raise TrajectoryError(f"cannot split a batch of {R} rows into {parts} optimizer steps (scheduler.mu)")
     bounds = np.linspace(0, R, parts + 1).round().astype(int)
     names = FIELDS + ("lengths",)
     return [
@@ -148,9 +148,9 @@ class Trainer:
             torch.cuda.synchronize()
         return {**metrics, "grad_norm": norm, "version": self.version, "step_time_s": time.perf_counter() - t0}
 
-    def burst(self, batch: PackedBatch) -> list[dict[str, float]]:
-        """``train.mu`` optimizer steps over the batch's rows, split in order."""
-        return [self.step(part) for part in split_rows(batch, self.cfg.mu)]
+    def burst(self, batch: PackedBatch, steps: int) -> list[dict[str, float]]:
+        """``steps`` optimizer steps over the batch's rows, split in order."""
+        return [self.step(part) for part in split_rows(batch, steps)]
 
     # -------------------------------------------------------------------------------------------- state
     def state_dict(self) -> dict:

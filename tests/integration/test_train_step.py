@@ -122,12 +122,12 @@ def test_burst_makes_mu_ordered_steps(make_trainer):
     parts = split_rows(flat, 2)
     assert [p.shape[0] for p in parts] == [3, 3]
     assert np.array_equal(np.concatenate([p.input_ids for p in parts]), flat.input_ids)
-    trainer = make_trainer(mu=3)
-    metrics = trainer.burst(tree)
+    trainer = make_trainer()
+    metrics = trainer.burst(tree, 3)
     assert [m["version"] for m in metrics] == [1, 2, 3] and trainer.version == 3
     assert sum(m["trained_tokens"] for m in metrics) == tree.trained_tokens
-    with pytest.raises(TrajectoryError, match=r"3 rows into 4 optimizer steps \(train.mu\)"):
-        make_trainer(mu=4).burst(tree)
+    with pytest.raises(TrajectoryError, match=r"3 rows into 4 optimizer steps \(scheduler.mu\)"):
+        make_trainer().burst(tree, 4)
 
 
 def test_same_seed_same_weights_other_seed_other_weights(make_trainer):

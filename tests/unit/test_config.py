@@ -77,3 +77,13 @@ def test_exponent_floats_without_dot_are_numbers():
     assert load_config(None, ["train.lr=1e-5"]).train.lr == 1e-5
     with pytest.raises(ConfigError, match=r"train\.lr: expected a number"):
         load_config(None, ["train.lr=fast"])
+
+
+def test_epochs_above_one_need_the_ppo_loss_and_the_retired_train_mu_is_unknown():
+    assert load_config(None, ["train.loss=ppo", "train.epochs=4"]).train.epochs == 4
+    with pytest.raises(ConfigError, match=r"train\.epochs: 4 updates per batch .* set train\.loss: ppo"):
+        load_config(None, ["train.loss=pg", "train.epochs=4"])
+    with pytest.raises(ConfigError, match=r"train\.epochs: must be >= 1, got 0"):
+        load_config(None, ["train.epochs=0"])
+    with pytest.raises(ConfigError, match=r"unknown key train\.mu; valid keys of train: .*epochs"):
+        load_config(None, ["train.mu=2"])
