@@ -4,6 +4,9 @@
   order starts the transition, its ``switch_done`` ends it), with optimizer steps as vertical lines; the
   title gives the share of cell-time in each role.
 - ``query_durations``: histogram of the seconds from a query's admission to all its runs ending.
+- ``staleness_split``: per optimizer step, the mean per-token staleness as a stack of its pre-queue part
+  (generated while the policy moved on) and its in-queue part (waited in the ready buffer), with the step's
+  maximum; the bars' heights are the step's ``staleness_mean``.
 """
 from __future__ import annotations
 
@@ -80,4 +83,20 @@ def query_durations(seconds: Sequence[float], path: Path) -> Path:
     ax.set_xlabel("query duration (admission to last run ended), s")
     ax.set_ylabel("queries")
     ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def staleness_split(steps: Sequence[dict], path: Path) -> Path:
+    """Stacked per-step mean staleness (pre-queue + in-queue) from the ``train_step`` records."""
+    x = [s["version"] for s in steps]
+    pre = [s["staleness_prequeue_mean"] for s in steps]
+    inq = [s["staleness_inqueue_mean"] for s in steps]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar(x, pre, color=COLORS["rollout"], label="pre-queue (policy moved on while generating)")
+    ax.bar(x, inq, bottom=pre, color=COLORS["train"], label="in-queue (waited in the ready buffer)")
+    ax.plot(x, [s["staleness_max"] for s in steps], "k.", label="max (any token)")
+    ax.set_xlabel("policy version after the step")
+    ax.set_ylabel("staleness, versions per trained token")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(loc="upper left", fontsize=7)
     return _save(fig, path)

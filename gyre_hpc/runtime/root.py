@@ -118,7 +118,8 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
                   f"cells rollout={roles['rollout']} train={roles['train']} "
                   f"switching={roles['draining'] + roles['loading']} lost={roles['lost']} | "
                   f"ready {st.ready_groups} inflight {st.inflight_groups} | "
-                  f"staleness {last.get('staleness_mean', 0.0):.2f} (max {last.get('staleness_max', 0)}) | "
+                  f"staleness {last.get('staleness_mean', 0.0):.2f} = {last.get('staleness_prequeue_mean', 0.0):.2f}"
+                  f" pre + {last.get('staleness_inqueue_mean', 0.0):.2f} queued (max {last.get('staleness_max', 0)}) | "
                   f"reward {'-' if reward is None else f'{reward:.3f}'} | {time.perf_counter() - t0:.0f}s",
                   file=sys.stderr, flush=True)
 
@@ -262,7 +263,7 @@ def _median(xs: list[float]) -> float | None:
 
 def _report(run_dir: Path, cfg: GyreConfig, steps: list[dict], rollouts: Rollouts) -> None:
     from gyre_hpc.allocator.eventlog import read_events
-    from gyre_hpc.report.live_plots import query_durations, role_timeline
+    from gyre_hpc.report.live_plots import query_durations, role_timeline, staleness_split
     from gyre_hpc.report.train_plots import reward_curve
 
     rewards = [s["reward"] for s in steps if s.get("reward") is not None]
@@ -270,3 +271,5 @@ def _report(run_dir: Path, cfg: GyreConfig, steps: list[dict], rollouts: Rollout
         reward_curve(rewards, run_dir / "reward.png")
     role_timeline(read_events(run_dir / cfg.allocator.events_file), cfg.cluster.cells, run_dir / "roles.png")
     query_durations([g["seconds"] for g in rollouts.groups], run_dir / "query_durations.png")
+    if steps:
+        staleness_split(steps, run_dir / "staleness.png")
