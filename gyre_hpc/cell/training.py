@@ -1,9 +1,17 @@
 """The training side of a cell (edge: torch, megatron-core, Mooncake).
 
 Core cell (``CoreTrainer``): holds the ``Trainer`` (the only optimizer state) for the whole run. It trains
-groups the hub hands it, receives the satellites' gradients, and once it holds all ``batch_groups`` groups
-of the version it sums them weighted by trained tokens, clips, applies AdamW, bumps the version, writes the
-engines' weights directory, publishes the weights over the transfer backend and writes ``LATEST.json``.
+groups the hub hands it, receives the satellites' gradients (and their groups), and once it holds all
+``batch_groups`` groups of the version it sums them weighted by trained tokens, clips and applies AdamW. With
+``train.epochs = E > 1`` it then makes E - 1 more AdamW updates over the same groups, recomputing their
+gradients itself on the updated weights (PPO epochs: the importance ratio is taken against the generating
+policy's logprobs). Only then does it bump the version (one version per step, whatever E), write the engines'
+weights directory, publish the weights over the transfer backend and write ``LATEST.json``.
+
+Why the later epochs run at the core: a satellite's gradient for epoch e would need the weights after epoch
+e - 1, i.e. a weight pull and a round trip per epoch. The first epoch, where all the step's groups are new, is
+spread over every training cell; the later ones cost the core E - 1 forward/backward passes over the step's
+groups (small next to the rollouts they reuse).
 
 Satellite (``SatelliteTrainer``): a model without optimizer use; before computing gradients of version v it
 pulls version v from the core (Mooncake, checksums verified) and sends ``(Z, grads)`` to the core.
@@ -17,6 +25,9 @@ Invariants (tests/integration/test_live_training.py)
   checksum.
 - The core sums each group at most once per step, and only gradients of its current version (``dp.GradLedger``:
   a group re-issued after a satellite was lost may arrive twice, or late).
+- A step makes exactly ``train.epochs`` AdamW updates, each over all of the step's groups with trained tokens
+  (``epoch_gids`` in the record; one update when none has any), and raises the version by exactly one.
+- Per step, pre-queue + in-queue staleness = total staleness (``dataplane.lag_stats``), per trained token.
 """
 from __future__ import annotations
 
@@ -72,33 +83,42 @@ class CoreTrainer(_Side):
         return {"version": self.version, "checksum": weights_checksum(self.trainer.export_weights())}
 
     def reset_step(self) -> None:
+        self.groups = 0
+        self.kept: list[dp.Group] = []  # the step's groups with trained tokens (for epochs 2..E)
+        self.lag: dict | None = None
+        self._reset_grads()
+
+    def _reset_grads(self) -> None:
         self.acc: dict[str, np.ndarray] = {}
         self.z = 0.0
         self.loss_sum = 0.0
-        self.groups = 0
-        self.lag = [0.0, 0, 0]
 
     @property
     def version(self) -> int:
         return self.trainer.version
 
-    def add(self, version: int, gid: int, z: float, grads: dict, loss: float, lag: tuple) -> bool:
-        """Take group ``gid``'s gradients (own or a satellite's) for ``version``; False (nothing added) for a
-        copy the step already holds or one of an older version (``dp.GradLedger``)."""
+    def add(self, version: int, gid: int, z: float, grads: dict, loss: float, lag: dict,
+            group: dp.Group | None = None) -> bool:
+        """Take group ``gid``'s gradients (own or a satellite's) for ``version``, and the group for later epochs;
+        False (nothing added) for a copy the step already holds or one of an older version (``dp.GradLedger``)."""
         if not self.ledger.take(version, gid):
             return False
+        self._sum(z, grads, loss)
+        if group is not None and z > 0:
+            self.kept.append(group)
+        self.groups += 1
+        self.unreported += 1
+        self.lag = dp.merge_lag(self.lag, lag)
+        return True
+
+    def _sum(self, z: float, grads: dict, loss: float) -> None:
         for k, g in grads.items():
             self.acc[k] = self.acc[k] + z * g if k in self.acc else z * g
         self.z += z
         self.loss_sum += z * loss
-        self.groups += 1
-        self.unreported += 1
-        self.lag = [self.lag[0] + lag[0], self.lag[1] + lag[1], max(self.lag[2], lag[2])]
-        return True
 
-    def step(self) -> dict:
-        """Apply the summed gradients (AdamW), publish the new version; returns the step's record."""
-        t0 = time.perf_counter()
+    def _update(self) -> tuple[float, float | None]:
+        """One AdamW update with the summed gradients; returns (grad norm before clipping, token-mean loss)."""
         tr = self.trainer
         tr.optimizer.zero_grad(set_to_none=True)
         for name, p in tr.model.named_parameters():
@@ -107,15 +127,27 @@ class CoreTrainer(_Side):
         norm = tr.clip_grads() if self.acc else 0.0
         tr.optimizer.step()
         tr.optimizer.zero_grad(set_to_none=True)
-        tr.version += 1
+        return norm, (self.loss_sum / self.z if self.z else None)
+
+    def step(self) -> dict:
+        """``train.epochs`` AdamW updates, then publish the new version; returns the step's record."""
+        t0 = time.perf_counter()
+        tokens = int(self.z)
+        norm, loss = self._update()
+        losses = [loss]
+        for _ in range(1, self.cfg.train.epochs if self.kept else 1):
+            self._reset_grads()
+            for group in self.kept:
+                self._sum(*self.grads(group))
+            losses.append(self._update()[1])
+        self.trainer.version += 1
         gids = self.ledger.stepped()
         t1 = time.perf_counter()
         pub = self.publish()
-        lag_tokens = max(self.lag[1], 1)
-        rec = {"version": tr.version, "groups": self.groups, "trained_tokens": int(self.z),
-               "loss": self.loss_sum / self.z if self.z else None, "grad_norm": norm,
-               "staleness_mean": self.lag[0] / lag_tokens, "staleness_max": self.lag[2],
-               "lag_tokens": self.lag[1], "optimizer_s": t1 - t0, "gids": gids, **pub}
+        rec = {"version": self.version, "groups": self.groups, "trained_tokens": tokens, "loss": loss,
+               "epochs": len(losses), "loss_last_epoch": losses[-1], "grad_norm": norm,
+               "epoch_gids": sorted(g.gid for g in self.kept) if len(losses) > 1 else [],
+               **dp.lag_record(self.lag), "optimizer_s": t1 - t0, "gids": gids, **pub}
         self.reset_step()
         return rec
 

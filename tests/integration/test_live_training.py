@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytes
 OVERRIDES = [
     "cluster.cells=3", "scheduler.policy=colocate", "scheduler.batch_groups=2", "allocator.steps=2",
     "agent.runs_per_group=4", "agent.turns=[1, 2]", "agent.timeout_s=120", "run.name=ci",
-    "allocator.hello_timeout_s=300",
+    "allocator.hello_timeout_s=300", "train.epochs=2",
 ]
 
 
@@ -36,7 +36,7 @@ def test_live_run_trains_the_requested_steps_and_shuts_down_in_order(live_run):
     assert [s["version"] for s in steps] == [1, 2] and all(s["groups"] == 2 for s in steps)
     assert json.loads((run_dir / "weights" / "LATEST.json").read_text())["version"] == 2
     assert (run_dir / "checkpoints" / "latest" / "meta.json").is_file()
-    for png in ("roles.png", "reward.png", "query_durations.png"):
+    for png in ("roles.png", "reward.png", "query_durations.png", "staleness.png"):
         assert (run_dir / png).stat().st_size > 1000
 
 
@@ -77,3 +77,26 @@ def test_staleness_is_measured_from_the_generating_versions(live_run):
     assert steps[0]["staleness_max"] == 0  # the first step trains version-0 tokens at version 0
     assert 0 <= summary["staleness_mean"] <= summary["staleness_max"] <= 2
     assert "[gyre colocate] step" in stderr  # the live progress line
+
+
+def test_staleness_splits_into_prequeue_and_inqueue_parts_that_add_up_per_step(live_run):
+    summary, run_dir, _ = live_run
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for s in steps:
+        pre, inq = s["staleness_prequeue_mean"], s["staleness_inqueue_mean"]
+        assert pre >= 0 and inq >= 0 and pre + inq == pytest.approx(s["staleness_mean"], abs=1e-9), s
+        assert max(s["staleness_prequeue_max"], s["staleness_inqueue_max"]) <= s["staleness_max"]
+    logged = [e for e in read_events(run_dir / "events.jsonl") if e["event"] == "train_step"]
+    assert [e["staleness_inqueue_mean"] for e in logged] == [s["staleness_inqueue_mean"] for s in steps]
+    split = summary["staleness_prequeue_mean"] + summary["staleness_inqueue_mean"]
+    assert split == pytest.approx(summary["staleness_mean"], abs=1e-9)
+    assert summary["staleness_inqueue_max"] <= summary["staleness_max"]
+
+
+def test_each_step_makes_train_epochs_updates_over_all_its_groups_and_one_version(live_run):
+    _, run_dir, _ = live_run
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(s["epochs"] == 2 and s["loss_last_epoch"] is not None for s in steps)
+    assert all(set(s["epoch_gids"]) <= set(s["gids"]) for s in steps)
+    # a satellite's group comes back to the core for epoch 2 (the steps where every group trained tokens)
+    assert any(s["epoch_gids"] == sorted(s["gids"]) and set(s["cells"]) - {0} for s in steps), steps
