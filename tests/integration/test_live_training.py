@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytes
 OVERRIDES = [
     "cluster.cells=3", "scheduler.policy=colocate", "scheduler.batch_groups=2", "allocator.steps=2",
     "agent.runs_per_group=4", "agent.turns=[1, 2]", "agent.timeout_s=120", "run.name=ci",
-    "allocator.hello_timeout_s=300", "train.epochs=2",
+    "allocator.hello_timeout_s=300", "proxy.startup_timeout_s=300", "train.epochs=2",
 ]
 
 
