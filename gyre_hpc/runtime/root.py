@@ -251,9 +251,9 @@ def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollou
 def _staleness(steps: list[dict], key: str) -> float:
     """A staleness field over the whole run: maxima of the steps, or means weighted by trained tokens."""
     if key.endswith("_max"):
-        return max((s[key] for s in steps), default=0)
+        return max((s.get(key, 0) for s in steps), default=0)
     tokens = sum(s["lag_tokens"] for s in steps)
-    return sum(s[key] * s["lag_tokens"] for s in steps) / tokens if tokens else 0.0
+    return sum(s.get(key, 0.0) * s["lag_tokens"] for s in steps) / tokens if tokens else 0.0
 
 
 def _median(xs: list[float]) -> float | None:
