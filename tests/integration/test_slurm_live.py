@@ -110,7 +110,7 @@ def live(test):
 def test_the_checked_in_script_completes_a_live_run_with_the_passed_through_overrides(live_job):
     assert (live_job.state, live_job.exit_code) == ("COMPLETED", 0), live_job.err[-4000:]
     summary = json.loads((live_job.run_dir / "summary.json").read_text())
-    assert summary["steps"] == 2  # allocator.steps=2 came through "$@" (the config says 12)
+    assert summary["steps"] == 2  # allocator.steps=2 came through "$@" (the config says 20)
     assert json.loads(live_job.out.strip().splitlines()[-1]) == summary  # rank 0 printed it (--json, also "$@")
     for png in ("roles.png", "reward.png", "query_durations.png"):
         assert (live_job.run_dir / png).stat().st_size > 1000
