@@ -100,6 +100,13 @@ class EngineHandle:
         self.stop()
 
 
+def ignore_preemption_signal() -> None:
+    """``preexec_fn`` of a service process: SIGUSR1 (the ranks' preemption signal, which mpirun and srun deliver to
+    every process of the job) is ignored from the child's first instruction on; an ignored signal stays ignored
+    across exec, so a service still starting up cannot be killed by it (serving.py re-asserts it)."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
 def _spawn(cmd: list[str], url: str, log_path: Path | None, timeout_s: float) -> EngineHandle:
     if log_path is None:
         fd, name = tempfile.mkstemp(prefix="gyre-engine-", suffix=".log")
@@ -109,7 +116,8 @@ def _spawn(cmd: list[str], url: str, log_path: Path | None, timeout_s: float) ->
     # the engine is a world of its own: it must not join (or collide with) the caller's torch.distributed world
     env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                preexec_fn=ignore_preemption_signal)
     handle = EngineHandle(url, proc, Path(log_path))
     handle.wait_ready(timeout_s)
     return handle

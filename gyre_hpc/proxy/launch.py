@@ -15,6 +15,7 @@ import yaml
 
 from gyre_hpc.config import GyreConfig, ProxyConfig, to_dict
 from gyre_hpc.engines.launch import EngineHandle as ProcessHandle
+from gyre_hpc.engines.launch import ignore_preemption_signal
 from gyre_hpc.io import atomic_write_text
 
 __all__ = ["ProcessHandle", "start_proxy"]
@@ -36,7 +37,8 @@ def start_proxy(cfg: ProxyConfig, engines: Sequence[tuple[int, str]] = (), port:
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=ignore_preemption_signal)
     handle = ProcessHandle(f"http://{cfg.host}:{port}", proc, log_path)
     handle.wait_ready(cfg.startup_timeout_s)
     return handle

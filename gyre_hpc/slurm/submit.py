@@ -177,8 +177,9 @@ class RunHandle:
                            f"{error_tail(str(exc), lines=6, width=1500)}") from None
 
     def cancel(self) -> None:
-        """scancel on SLURM; locally SIGTERM, which ``gyre train``'s launcher turns into an orderly stop of
-        its ranks (submitit's own SIGINT is followed by SIGKILL after 1 s, which would orphan mpirun)."""
+        """scancel on SLURM; locally SIGTERM, which ``gyre train``'s launcher turns into a preemption: the ranks
+        stop in order and save RUN_DIR/resume (``gyre train CONFIG --resume RUN_DIR`` continues) once the run
+        has started (submitit's own SIGINT is followed by SIGKILL after 1 s, which would orphan mpirun)."""
         self._cancelled = True
         if self.executor == "local" and getattr(self.job, "_process", None) is not None:
             self.job._process.send_signal(signal.SIGTERM)

@@ -31,7 +31,8 @@ LIVE = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mo
 SCRIPT = "sbatch/local_4node.sh"
 CELLS = 4
 SHORT = ["allocator.steps=2", "scheduler.batch_groups=2", "agent.runs_per_group=4", "agent.turns=[1, 2]",
-         "agent.timeout_s=120", "allocator.hello_timeout_s=600", "engine.startup_timeout_s=600"]
+         "agent.timeout_s=120", "allocator.hello_timeout_s=600", "engine.startup_timeout_s=600",
+         "scheduler.mu=1", "train.epochs=1"]  # one step per burst: the core goes back to rollout in 2 steps
 RUN_TIMEOUT_S = 900  # a loaded 2-core machine shared with other work (the run itself is ~2-4 min when quiet)
 
 

@@ -54,3 +54,15 @@ def test_a_signal_before_ignore_is_noted_once():
         p.ignore()
         for s in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(s, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("protected", [False, True])
+def test_a_service_process_ignores_the_preemption_signal_from_its_first_instruction(protected):
+    """Engines and the proxy are spawned with ``ignore_preemption_signal``: a SIGUSR1 that mpirun or srun delivers
+    while the service is still starting up (before serving.py runs) leaves it alive."""
+    from gyre_hpc.engines.launch import ignore_preemption_signal
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"],
+                            preexec_fn=ignore_preemption_signal if protected else None)
+    proc.send_signal(signal.SIGUSR1)  # at once: the interpreter is still starting
+    assert proc.wait(60) == (0 if protected else -signal.SIGUSR1)
