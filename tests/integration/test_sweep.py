@@ -3,6 +3,7 @@ a failing element reported (exit 1) while the others complete, and bad input ref
 import csv
 import subprocess
 import uuid
+import warnings
 
 import pytest
 
@@ -39,6 +40,33 @@ def test_a_simulate_sweep_is_one_job_array_with_a_table_a_plot_and_its_failures(
     assert "2 of 4 elements completed." in md and "- element 1 (FAILED):" in md and "- element 3 (FAILED):" in md
     assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "2 completed, 2 failed" in capsys.readouterr().out
+
+
+@pytest.mark.mpi
+@pytest.mark.megatron
+@pytest.mark.mooncake
+@pytest.mark.slow
+def test_a_training_sweep_runs_one_live_training_per_element_and_tabulates_their_summaries(local_slurm, tmp_path,
+                                                                                              capsys):
+    """Without --simulate each element is a live training (1 + K tasks, one pmix world) of the array; the table
+    has each run's own summary: the grid value reached the run (its step count) and nothing was lost."""
+    short = ["cluster.cells=2", "scheduler.batch_groups=2", "agent.runs_per_group=4", "agent.turns=[1, 2]",
+             "scheduler.mu=1", "train.epochs=1", "engine.startup_timeout_s=600", "allocator.hello_timeout_s=600"]
+    for attempt in range(2):
+        out = tmp_path / f"sw{attempt}"
+        code = main(["sweep", str(ROOT / "configs" / "local_4node.yaml"), "--grid", "allocator.steps=1,2",
+                     *[a for o in short for a in ("--set", o)], "--out", str(out)])
+        errors = "".join(p.read_text() for p in out.glob("submitit/*.err"))
+        if code != 0 and "Segmentation fault" in errors:  # Open MPI's known MPI_Init crash (docs/slurm-local.md)
+            warnings.warn("Open MPI crashed in MPI_Init under srun --mpi=pmix (known defect); sweeping again")
+            continue
+        break
+    assert code == 0, capsys.readouterr().err
+    got = rows(out)
+    assert [(r["allocator.steps"], r["status"], r["steps"], r["runs_lost"]) for r in got] == [
+        ("1", "COMPLETED", "1", "0"), ("2", "COMPLETED", "2", "0")]
+    assert len({r["job"].split("_")[0] for r in got}) == 1  # one job array
+    assert all((out / f"e00{i}" / "summary.json").is_file() and float(got[i]["wall_s"]) > 0 for i in range(2))
 
 
 def jobs_named(name):
