@@ -83,6 +83,17 @@ def test_the_handle_reports_slurm_states_and_tails_the_event_log(slurm_run):
     assert run.state == "COMPLETED"
 
 
+def test_submit_with_the_local_executor_returns_the_summary_of_the_live_run(mpirun, tmp_path, monkeypatch):
+    """No SLURM: submitit's local executor runs gyre train's launcher (mpirun 1 + 3 ranks) and the handle returns
+    the run's summary, as on SLURM."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    run, states, _ = submit_live(tmp_path, "local")
+    summary = run.result()
+    assert summary["policy"] == "colocate" and summary["steps"] == 2 and summary["runs_lost"] == 0
+    assert json.loads((run.run_dir / "summary.json").read_text()) == summary
+    assert states[0] == "RUNNING" and run.state == "COMPLETED"
+
+
 def test_submit_with_the_local_executor_runs_mpirun_and_cancel_stops_every_rank(mpirun, tmp_path, monkeypatch):
     """The local executor runs gyre train's launcher; cancelling once the run has started stops mpirun and its
     ranks in order (their stacks land in traces/), and the handle says CANCELLED."""
