@@ -22,6 +22,7 @@ from gyre_hpc.errors import ConfigError
 from gyre_hpc.io import atomic_write_text
 from gyre_hpc.sweep import (counts, expand, load_elements, markdown_table, metric_columns, parse_grid, result_rows,
                             write_results)
+from gyre_hpc.slurm.layout import check_live_run
 from jobs import add_overrides
 
 DESCRIPTION = """\
@@ -53,21 +54,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="time limit of each element (default: slurm.time of the config)")
 
 
-def _train_check(cfg) -> None:
-    from gyre_hpc.allocator.policies import validate
-    from gyre_hpc.slurm.layout import local_nodes, plan
-
-    validate(cfg.scheduler.policy, cfg.scheduler, cfg.cluster.cells)
-    plan(cfg.cluster, local_nodes(cfg.cluster))
-
-
 def run(args: argparse.Namespace) -> int:
     from gyre_hpc.allocator.sim.compare import validate_all
     from gyre_hpc.slurm.submit import executor_kind
 
     axes = parse_grid(args.grid)
     elements = expand(axes)
-    cfgs = load_elements(args.config, args.overrides, elements, validate_all if args.simulate else _train_check)
+    cfgs = load_elements(args.config, args.overrides, elements, validate_all if args.simulate else check_live_run)
     kind = executor_kind(args.executor)
     out = Path(args.out or f"runs/sweep-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     if out.exists() and any(out.iterdir()):

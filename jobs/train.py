@@ -37,6 +37,7 @@ from gyre_hpc.config import load_config, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
 from gyre_hpc.io import atomic_write_json, atomic_write_text, make_run_dir
 from gyre_hpc.resume import PREEMPTED_EXIT
+from gyre_hpc.slurm.sbatch import LOCAL_EXPORTS
 from jobs import add_overrides
 
 DESCRIPTION = """\
@@ -150,9 +151,8 @@ def launch(args: argparse.Namespace, cells: int, run_dir: Path) -> int:
         raise ConfigError("cluster.cells: a live run needs mpirun (apt-get install openmpi-bin) and mpi4py")
     root = str(Path(__file__).resolve().parents[1])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,tcp",
-               OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_oob_tcp_if_include="lo",  # loopback only
-               OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
+    env.update(dict(e.split("=", 1) for e in LOCAL_EXPORTS))  # Open MPI over loopback TCP, as root
+    env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
                PYTHONPATH=os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p))
     cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-n", str(1 + cells)] + _rank_command(args, run_dir)
     with open(run_dir / "mpirun.log", "ab") as log:

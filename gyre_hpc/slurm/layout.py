@@ -173,3 +173,12 @@ def _check_gpus(cluster: ClusterConfig, gpus: int, replica: int, gpus_on_node: i
                           f"cluster.gpus_per_node={cluster.gpus_per_node}), not a multiple of "
                           f"cluster.tensor_parallel x cluster.pipeline_parallel = {tp} x "
                           f"{cluster.pipeline_parallel} = {replica}; change pipeline_parallel or nodes_per_cell")
+
+
+def check_live_run(cfg) -> Layout:
+    """Everything a live training run must satisfy before anything is written or submitted: the policy fits the
+    cells (``allocator.policies.validate``) and the cells fit a layout (a ``LayoutError`` naming the key)."""
+    from gyre_hpc.allocator.policies import validate
+
+    validate(cfg.scheduler.policy, cfg.scheduler, cfg.cluster.cells)
+    return plan(cfg.cluster, local_nodes(cfg.cluster))

@@ -78,14 +78,12 @@ def override_list(overrides: Mapping[str, Any] | Sequence[str] | None, dotted: M
 def submit(config: str | Path | None, overrides: Mapping[str, Any] | Sequence[str] | None = None, *,
            executor: str = "auto", timeout_min: int | None = None, **dotted: Any) -> "RunHandle":
     """Submit a live training run of ``config`` (a YAML path; None = the defaults) with ``overrides``."""
-    from gyre_hpc.allocator.policies import validate
-    from gyre_hpc.slurm.layout import local_nodes, plan
+    from gyre_hpc.slurm.layout import check_live_run
     from gyre_hpc.slurm.submit_tasks import train_local, train_rank
 
     sets = override_list(overrides, dotted)
     cfg = load_config(config, sets)
-    validate(cfg.scheduler.policy, cfg.scheduler, cfg.cluster.cells)
-    plan(cfg.cluster, local_nodes(cfg.cluster))  # LayoutError here, before any file is written
+    check_live_run(cfg)  # before any file is written
     kind = executor_kind(executor)
     run_dir = make_run_dir(cfg.run.out_dir, cfg.run.name).resolve()
     config_path = atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
