@@ -8,6 +8,9 @@ when
 - fewer than ``batch_groups`` groups went out for the current policy version (the core steps on exactly
   that many), and
 - the policy streams, or a whole batch is ready (non-streaming policies train fixed batches of B groups);
+- for a fixed batch, the cell holds fewer than its fair share of it: ceil(B / n) groups, n = the cells in
+  TRAIN or DRAINING (on their way to training). Data parallelism, not a race: a core that finished its
+  switch first must not train the whole batch while the satellites are still pulling its weights;
 - a new version's batch starts only while the burst has fewer than the policy's ``mu`` steps;
 
 otherwise with ``None``. The core's STEPPED (after its optimizer step) opens the next version's batch.
@@ -44,12 +47,12 @@ from gyre_hpc.cell import dataplane as dp
 
 
 class Hub:
-    def __init__(self, comm: Any, batch_groups: int, streaming: bool, role_of: Callable[[int], Role],
+    def __init__(self, comm: Any, batch_groups: int, streaming: bool, cells: int, role_of: Callable[[int], Role],
                  on_step: Callable[[dict], None], burst_open: Callable[[], bool] = lambda: True,
                  on_event: Callable[[dict], None] = lambda rec: None):
         self.comm, self.B, self.streaming = comm, batch_groups, streaming
         self.burst_open, self.on_event = burst_open, on_event
-        self.role_of, self.on_step = role_of, on_step
+        self.cells, self.role_of, self.on_step = cells, role_of, on_step
         self.incoming: queue.SimpleQueue[dp.Group] = queue.SimpleQueue()
         self.ready: deque[dp.Group] = deque()
         self.version = 0
@@ -111,13 +114,18 @@ class Hub:
             return None
         if not self.handed and not self.burst_open():
             return None  # the burst has its mu steps: the next batch waits for the next burst
-        if not self.streaming and not self.handed and len(self.ready) < self.B:
+        if not self.streaming and (not self.handed and len(self.ready) < self.B or self._had_share(cell)):
             return None
         group = self.ready.popleft()
         self.handed.append(group)
         self.handed_to[group.gid] = cell
         self.issued[group.gid] = group
         return group
+
+    def _had_share(self, cell: int) -> bool:
+        joining = sum(self.role_of(c) in (Role.TRAIN, Role.DRAINING) for c in range(self.cells))
+        held = sum(self.handed_to[g.gid] == cell for g in self.handed)
+        return held >= -(-self.B // max(1, joining))
 
     def _reissue_lost(self) -> bool:
         """Put the groups LOST cells hold back at the front of the ready queue, in their order; True if any."""

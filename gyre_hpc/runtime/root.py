@@ -129,8 +129,9 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
             unapplied = max(0, hub.version - server.state.version)
             return policy.mu is None or server.state.burst_steps + unapplied < policy.mu
 
-        hub = Hub(comm, cfg.scheduler.batch_groups, policy.streaming, lambda c: server.state.cells[c].role, on_step,
-                  burst_open=burst_open, on_event=lambda rec: server.log.write(rec))
+        hub = Hub(comm, cfg.scheduler.batch_groups, policy.streaming, cfg.cluster.cells,
+                  lambda c: server.state.cells[c].role, on_step, burst_open=burst_open,
+                  on_event=lambda rec: server.log.write(rec))
         rollouts = Rollouts(cfg, run_dir, proxy.url, hub.offer)
         preemption.on_signal = rollouts.close  # from the signal on, no group starts or joins the buffer
         if preemption.requested:

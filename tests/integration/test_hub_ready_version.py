@@ -20,7 +20,7 @@ def test_a_group_is_ready_at_the_newest_version_known_and_its_lag_splits_there()
     from mpi4py import MPI
 
     comm = MPI.COMM_SELF.Dup()
-    hub = Hub(comm, 1, True, lambda cell: Role.TRAIN, lambda rec: None)
+    hub = Hub(comm, 1, True, 1, lambda cell: Role.TRAIN, lambda rec: None)
 
     def want():
         comm.send({"cell": 0}, dest=0, tag=dp.WANT)

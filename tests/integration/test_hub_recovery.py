@@ -27,7 +27,7 @@ class Plane:
         self.comm = MPI.COMM_SELF.Dup()
         self.roles = defaultdict(lambda: Role.TRAIN)
         self.steps, self.events = [], []
-        self.hub = Hub(self.comm, batch_groups, streaming, lambda c: self.roles[c], self.steps.append,
+        self.hub = Hub(self.comm, batch_groups, streaming, 3, lambda c: self.roles[c], self.steps.append,
                        on_event=self.events.append)
 
     def offer(self, *gids):
@@ -115,3 +115,27 @@ def test_the_core_takes_each_group_once_per_version_and_drops_late_copies():
     assert [(d["gid"], d["why"]) for d in ledger.dropped] == [(7, "duplicate"), (9, "stale"), (8, "stale")]
     with pytest.raises(ProtocolError, match="version 5 .group 1. reached the core at version 4"):
         ledger.take(5, 1)
+
+
+def test_a_fixed_batch_is_shared_with_the_cells_still_switching_to_training():
+    plane = Plane(batch_groups=2, streaming=False)
+    try:
+        plane.roles[SAT1] = plane.roles[SAT2] = Role.DRAINING  # colocate: the core finished its switch first
+        plane.offer(50, 51)
+        assert [plane.want(CORE), plane.want(CORE)] == [(0, 50), (0, None)]  # its share: ceil(2 / 3) = 1
+        plane.roles[SAT1] = Role.TRAIN  # the first satellite pulled the weights and asks
+        assert plane.want(SAT1) == (0, 51)
+        plane.stepped(1, [50, 51])
+        assert plane.steps[-1]["cells"] == [CORE, SAT1]
+    finally:
+        plane.close()
+
+
+def test_a_fixed_batch_goes_to_the_core_alone_when_no_other_cell_trains():
+    plane = Plane(batch_groups=2, streaming=False)
+    try:
+        plane.roles[SAT1] = plane.roles[SAT2] = Role.ROLLOUT
+        plane.offer(60, 61)
+        assert [plane.want(CORE) for _ in range(3)] == [(0, 60), (0, 61), (0, None)]
+    finally:
+        plane.close()
