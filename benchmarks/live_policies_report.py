@@ -32,6 +32,10 @@ def walls_by_rep(data: dict, key: str = "step_s") -> dict[str, list]:
     return out
 
 
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.0f}%"
+
+
 def wall_table(data: dict) -> list[str]:
     ref = data["policies"][0]
     steps = compare.speedups(walls_by_rep(data), ref)
@@ -39,15 +43,17 @@ def wall_table(data: dict) -> list[str]:
                              for p, ws in walls_by_rep(data, "run_wall_s").items()}, ref)
     sim = data.get("sim_available") or any(r.get("sim") for r in data["records"])
     head = (f"| policy | runs ok | median s to {data['steps']} steps | min–max | median run wall s | "
-            f"speedup of {ref} (to N steps) | speedup of {ref} (run wall) |" + (" simulator-predicted s |" if sim else ""))
-    lines = [head, "|" + "---|" * (7 + bool(sim))]
+            f"speedup of {ref} (to N steps) | speedup of {ref} (run wall) | runs timed out |"
+            + (" simulator-predicted s |" if sim else ""))
+    lines = [head, "|" + "---|" * (8 + bool(sim))]
     for p in data["policies"]:
         ok = _ok(data["records"], p)
         ws = [r["step_s"] for r in ok]
         row = (f"| {p} | {len(ok)}/{sum(r['policy'] == p for r in data['records'])} | {_f(compare.median(ws), 1)} | "
                f"{_f(min(ws, default=None), 1)}–{_f(max(ws, default=None), 1)} | "
                f"{_f(compare.median([r['run_wall_s'] for r in ok]), 1)} | "
-               f"{'1 (reference)' if p == ref else _f(steps.get(p))} | {'1' if p == ref else _f(runs.get(p))} |")
+               f"{'1 (reference)' if p == ref else _f(steps.get(p))} | {'1' if p == ref else _f(runs.get(p))} | "
+               f"{_pct(compare.median([compare.timed_out_share(r['summary']) for r in ok]))} |")
         if sim:
             pred = [(r.get("sim") or {}).get("predicted_s") for r in ok]
             row += f" {_f(compare.median(pred), 1)} |"

@@ -214,6 +214,14 @@ class EngineConfig:
     sglang_args: tuple[str, ...] = param((), "Extra command-line arguments for sglang.launch_server (kind sglang).")
     max_restarts: int = param(3, "Times a rollout cell restarts its engine after the process died on its own; "
                                  "at one more death the cell gives up (CellFailed, the allocator marks it LOST).")
+    device_tick_s: float = param(
+        0.0, "Emulated accelerator (local engine): a decode tick over n running requests lasts at least "
+             "device_tick_s x (1 + n / device_half_load) seconds; the engine sleeps the rest, leaving the CPU to "
+             "others. For live benchmarks on a machine with fewer cores than engines, where otherwise every engine "
+             "shares the same CPU (a cell owns its GPUs on a cluster). 0 = off: a tick lasts what the CPU takes.")
+    device_half_load: float = param(
+        16.0, "Emulated accelerator: running requests at which per-request decode speed halves (the "
+              "simulator's workload.half_load for the same engine).")
 
     def check(self) -> None:
         for key in ("max_running_requests", "max_waiting_requests", "context_len", "default_max_new_tokens",
@@ -222,6 +230,8 @@ class EngineConfig:
         require(1 <= self.port_base <= 65535, "port_base", f"must be a TCP port, got {self.port_base}")
         require(self.connect_retries >= 0, "connect_retries", f"must be >= 0, got {self.connect_retries}")
         require(self.max_restarts >= 0, "max_restarts", f"must be >= 0, got {self.max_restarts}")
+        require(self.device_tick_s >= 0, "device_tick_s", f"must be >= 0, got {self.device_tick_s}")
+        require(self.device_half_load > 0, "device_half_load", f"must be > 0, got {self.device_half_load}")
         for key in ("startup_timeout_s", "request_timeout_s"):
             require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
         require(self.initial_weight_version != "", "initial_weight_version", "must not be empty")

@@ -16,6 +16,9 @@ Invariants
   forward's token is dropped).
 - While paused, no token is generated: ``pause`` returns only after an in-flight tick has ended.
 - At most ``max_running_requests`` requests are running; a request never holds more than ``context_len`` tokens.
+- With ``device_tick_s > 0`` a tick over n requests lasts at least ``device_tick_s * (1 + n / device_half_load)``
+  seconds (an emulated accelerator: the loop sleeps the rest, so engines sharing a CPU stop competing for it);
+  the tokens are the same as without it.
 """
 from __future__ import annotations
 
@@ -170,7 +173,11 @@ class Scheduler:
             batch, version = list(self.running), self.version
             if not batch:
                 return
+            t0 = time.perf_counter()
             logits = await asyncio.to_thread(self.policy.next_token_logits, [r.tokens() for r in batch])
+            if self.cfg.device_tick_s > 0:
+                floor = self.cfg.device_tick_s * (1.0 + len(batch) / self.cfg.device_half_load)
+                await asyncio.sleep(floor - (time.perf_counter() - t0))
             self.forward_calls += 1
             for r, row in zip(batch, logits):
                 if r.req.rid in self._active and self._active[r.req.rid] is r:

@@ -10,8 +10,10 @@ Invariants (tests/unit/test_report_compare.py)
 - ``switch_breakdown`` keeps the two directions apart and reports, per part, the median over the switches
   that have that part (a rollout→training switch of the core has no weight pull).
 - ``pull_throughput`` is bytes / wire seconds per pull (1e9 bytes per GB), the median over pulls.
-- ``invalid_reason`` is None only for a run that lost no cell and in which at least half of the finished runs
-  answered (status ``scored``, not a timeout).
+- ``invalid_reason`` is None only for a run in which no cell was lost and no engine died: a smaller or failing
+  machine, not the policy. Runs that hit their timeout are the policy's own outcome (admission waits until every
+  rollout engine serves, so none times out for want of a started engine) and stay in the comparison, with their
+  share shown beside the wall time (``timed_out_share``).
 """
 from __future__ import annotations
 
@@ -42,18 +44,22 @@ def speedups(walls: Mapping[str, Sequence[float | None]], reference: str) -> dic
     return out
 
 
-def invalid_reason(summary: dict, min_scored: float = 0.5) -> str | None:
+def invalid_reason(summary: dict) -> str | None:
     """Why a finished run does not measure the policy on the workload (shown, left out of the comparison):
-    it lost cells (a smaller machine), or most runs timed out (engines not serving, e.g. still starting)."""
+    it lost cells (a smaller machine) or an engine died (a failing one)."""
     lost = (summary.get("stop") or {}).get("lost") or []
     if lost:
         return f"cells lost during the run: {lost} (events.jsonl 'lost')"
-    finished = summary.get("runs_finished") or 0
-    answered = (summary.get("run_statuses") or {}).get("scored", 0)
-    if finished and answered < min_scored * finished:
-        return (f"only {answered} of {finished} runs answered before their timeout (engines not serving in time; "
-                "proxy-events.jsonl 'engine_added')")
+    if summary.get("engine_deaths"):
+        return f"{summary['engine_deaths']} engine death(s) during the run (events.jsonl 'engine_died')"
     return None
+
+
+def timed_out_share(summary: dict) -> float | None:
+    """Of the finished runs, the share that hit the per-run timeout (partial scores included)."""
+    statuses = summary.get("run_statuses") or {}
+    finished = sum(statuses.values())
+    return sum(n for k, n in statuses.items() if k.startswith("timeout")) / finished if finished else None
 
 
 def read_cells(run_dir: Path) -> list[dict]:

@@ -67,10 +67,16 @@ def test_plot_rewards_writes_one_png_with_a_panel_per_policy(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_run_is_invalid_if_it_lost_a_cell_or_under_half_its_runs_answered():
-    ok = {"stop": {"lost": []}, "runs_finished": 16, "run_statuses": {"scored": 8, "timeout_partial": 8}}
-    assert compare.invalid_reason(ok) is None
+def test_a_run_is_invalid_only_if_it_lost_a_cell_or_an_engine_died():
+    ok = {"stop": {"lost": []}, "runs_finished": 16, "run_statuses": {"scored": 4, "timeout_partial": 12},
+          "engine_deaths": 0}
+    assert compare.invalid_reason(ok) is None  # timeouts are the policy's own outcome
     assert "cells lost" in compare.invalid_reason({**ok, "stop": {"lost": [2]}})
-    partial = {**ok, "run_statuses": {"scored": 7, "timeout_partial": 9}}   # partial scores do not count
-    assert "only 7 of 16" in compare.invalid_reason(partial)
+    assert "1 engine death" in compare.invalid_reason({**ok, "engine_deaths": 1})
     assert compare.invalid_reason({"stop": {}, "runs_finished": 0, "run_statuses": {}}) is None
+
+
+def test_the_timed_out_share_counts_every_timeout_status():
+    s = {"run_statuses": {"scored": 5, "timeout_partial": 2, "timeout_unscored": 1, "eval_failure": 2}}
+    assert compare.timed_out_share(s) == 0.3
+    assert compare.timed_out_share({"run_statuses": {}}) is None
