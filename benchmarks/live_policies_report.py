@@ -92,16 +92,16 @@ def reward_table(data: dict) -> list[str]:
 
 
 def switch_table(data: dict) -> list[str]:
-    lines = ["| policy | direction | switches | " + " | ".join(p[:-2] for p in compare.R2T_PARTS) +
-             " | engine_start | register |", "|---|---|---|" + "---|" * (len(compare.R2T_PARTS) + 2)]
+    parts = [k for k in compare.R2T_PARTS if k != "total_s"] + [k for k in compare.T2R_PARTS if k != "total_s"]
+    parts.append("total_s")
+    lines = ["| policy | direction | switches | " + " | ".join(p[:-2].replace("_", " ") for p in parts) + " |",
+             "|---|---|---|" + "---|" * len(parts)]
     for p in data["policies"]:
         cells = [{"switches": r.get("switch_list", [])} for r in _finished(data["records"], p)]
         b = compare.switch_breakdown(cells)
-        r2t, t2r = b["r2t"], b["t2r"]
-        lines.append(f"| {p} | rollout→train | {r2t['n']} | " +
-                     " | ".join(_f(r2t[k]) for k in compare.R2T_PARTS) + " | | |")
-        lines.append(f"| {p} | train→rollout | {t2r['n']} | | | | | {_f(t2r['total_s'])} | "
-                     f"{_f(t2r['engine_start_s'])} | {_f(t2r['register_s'])} |")
+        for key, label in (("r2t", "rollout→train"), ("t2r", "train→rollout")):
+            lines.append(f"| {p} | {label} | {b[key]['n']} | " +
+                         " | ".join(_f(b[key].get(k)) if k in b[key] else "" for k in parts) + " |")
     return lines
 
 

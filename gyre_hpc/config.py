@@ -214,6 +214,11 @@ class EngineConfig:
     sglang_args: tuple[str, ...] = param((), "Extra command-line arguments for sglang.launch_server (kind sglang).")
     max_restarts: int = param(3, "Times a rollout cell restarts its engine after the process died on its own; "
                                  "at one more death the cell gives up (CellFailed, the allocator marks it LOST).")
+    sleep_in_training: bool = param(
+        False, "A cell that switches to training puts its engine to sleep (/release_memory_occupation) instead of "
+               "stopping it, and wakes it (/resume_memory_occupation, then the newest weights) when it returns: a "
+               "training->rollout switch without an engine start. Real SGLang needs --enable-memory-saver "
+               "(engine.sglang_args).")
     device_tick_s: float = param(
         0.0, "Emulated accelerator (local engine): a decode tick over n running requests lasts at least "
              "device_tick_s x (1 + n / device_half_load) seconds; the engine sleeps the rest, leaving the CPU to "

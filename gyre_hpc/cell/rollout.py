@@ -5,7 +5,10 @@
 registers it with the proxy under a fresh name. ``refresh()`` loads a newer version into the running engine
 (``/update_weights_from_disk``; requests in flight continue, their tokens after the load carry the new
 version). ``leave()`` asks the proxy to drain the cell — its calls move to other engines without the harness
-seeing an error — removes it, then stops the engine by PID.
+seeing an error — removes it, then stops the engine by PID, or with ``engine.sleep_in_training`` puts it to
+sleep (``/release_memory_occupation``: the process stays, its memory goes); ``start()`` then wakes it
+(``/resume_memory_occupation``), loads the newest weights and registers it again under a fresh name — no
+process start.
 
 An engine that exits on its own (crash, OOM kill, SIGKILL) is found by ``dead()`` (the runner polls the Popen
 in every pass); ``reap()`` marks it dead in the proxy — which resubmits its calls elsewhere from the tokens kept
@@ -13,8 +16,9 @@ before (often it has already noticed the broken connections itself) —, removes
 ``move`` records for it; the runner then ``start()``s a new engine on the newest weights.
 
 Invariants (tests/integration/test_live_training.py)
-- An engine is registered with the proxy only once it is healthy, and removed from the proxy before it stops,
-  so the proxy never routes a new call to a stopping engine.
+- An engine is registered with the proxy only once it is healthy, and removed from the proxy before it stops
+  or sleeps, so the proxy never routes a new call to a stopping or sleeping engine; a woken engine is
+  registered only after it loaded the newest weights.
 - The engine serves the newest version the core has written (checked at every ``refresh``).
 - A dead engine is removed from the proxy before a new one is registered; a refresh that fails because the
   engine just died is left to the restart, which loads the newest version anyway
@@ -43,16 +47,21 @@ class RolloutSide:
         self.updates = 0
         self.name = ""
         self.deaths: list[dict] = []
+        self.asleep = False
+        self.wakes = 0
 
     @property
     def running(self) -> bool:
-        return self.handle is not None
+        """An engine serves (or should: a dead one is found by ``dead()``); a sleeping one does not."""
+        return self.handle is not None and not self.asleep
 
     def start(self) -> dict:
         """Start and register the engine; returns the timing (engine_start_s, register_s)."""
         from gyre_hpc.engines.launch import start_engine_on_free_port
         from gyre_hpc.proxy.client import ProxyClient
 
+        if self.asleep:
+            return self._wake()
         t0 = time.perf_counter()
         latest = store.read_latest(self.run_dir)
         engine = self.cfg.engine
@@ -71,6 +80,24 @@ class RolloutSide:
             proxy.add_engine(self.handle.url, cell=self.cell, name=self.name)
         self.refresh()
         return {"engine_start_s": t1 - t0, "register_s": time.perf_counter() - t1}
+
+    def _wake(self) -> dict:
+        """Wake the sleeping engine, load the newest weights, register it; returns the timing."""
+        from gyre_hpc.proxy.client import ProxyClient
+
+        self.asleep = False
+        if not self.alive():  # it died in its sleep: a fresh start instead
+            self.stop()
+            return self.start()
+        t0 = time.perf_counter()
+        self.client.resume_memory()
+        self.refresh()
+        t1 = time.perf_counter()
+        self.wakes += 1
+        self.name = f"cell{self.cell}-e{self.starts}w{self.wakes}"
+        with ProxyClient(self.proxy_url, timeout=30.0) as proxy:
+            proxy.add_engine(self.handle.url, cell=self.cell, name=self.name)
+        return {"engine_wake_s": t1 - t0, "register_s": time.perf_counter() - t1}
 
     def refresh(self) -> bool:
         """Load a newer published version into the engine; True if one was loaded."""
@@ -118,9 +145,14 @@ class RolloutSide:
             drained = proxy.drain(cell=self.cell)
             proxy.remove(cell=self.cell)
         t1 = time.perf_counter()
-        self.stop()
-        return {"drain_s": t1 - t0, "engine_stop_s": time.perf_counter() - t1,
-                "moved_calls": drained.get("moved", 0)}
+        if self.cfg.engine.sleep_in_training and self.alive():
+            self.client.release_memory()
+            self.asleep = True
+            part = "engine_sleep_s"
+        else:
+            self.stop()
+            part = "engine_stop_s"
+        return {"drain_s": t1 - t0, part: time.perf_counter() - t1, "moved_calls": drained.get("moved", 0)}
 
     def stop(self) -> None:
         if self.client is not None:
@@ -128,6 +160,7 @@ class RolloutSide:
         if self.handle is not None:
             self.handle.stop()
         self.handle = self.client = None
+        self.asleep = False
 
 
 def _moves_of(proxy, name: str) -> list[dict]:

@@ -126,6 +126,10 @@ class _Specs:
     weights_checksum = staticmethod(lambda: _Spec("POST", "/weights_checker", {"action": "checksum"}, _checksum))
     loads = staticmethod(lambda: _Spec("GET", "/v1/loads", None, _loads))
     flush_cache = staticmethod(lambda: _Spec("POST", "/flush_cache", None, _nothing))
+    release_memory = staticmethod(lambda tags: _Spec("POST", "/release_memory_occupation",
+                                                     {} if tags is None else {"tags": list(tags)}, _nothing))
+    resume_memory = staticmethod(lambda tags: _Spec("POST", "/resume_memory_occupation",
+                                                    {} if tags is None else {"tags": list(tags)}, _nothing))
 
     @staticmethod
     def update_weights_from_disk(path: str, version: str | None, abort_all_requests: bool, flush_cache: bool) -> _Spec:
@@ -191,6 +195,14 @@ class EngineClient:
 
     def resume(self) -> None:
         self._call(_Specs.resume())
+
+    def release_memory(self, tags: Sequence[str] | None = None) -> None:
+        """Sleep (``/release_memory_occupation``; all memory types unless ``tags``); the engine must be idle."""
+        self._call(_Specs.release_memory(tags))
+
+    def resume_memory(self, tags: Sequence[str] | None = None) -> None:
+        """Wake (``/resume_memory_occupation``)."""
+        self._call(_Specs.resume_memory(tags))
 
     def begin_weight_update(self) -> None:
         self._call(_Specs.begin_weight_update())

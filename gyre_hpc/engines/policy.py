@@ -16,6 +16,8 @@ Invariants
 - ``load_weights`` accepts exactly the model's tensor names with their shapes and dtypes; anything else is an
   ``EngineError`` (400) and leaves the loaded weights untouched.
 - ``checksum()`` equals ``weights_checksum`` of the loaded tensors (hence of the trainer export they came from).
+- ``release_weights()`` frees every weight tensor (shapes and dtypes kept); ``allocate_weights()`` gives them
+  storage again, with undefined values, ready for ``load_weights``; ``initial_state()`` is the seed's weights.
 """
 from __future__ import annotations
 
@@ -41,6 +43,15 @@ class Policy(Protocol):
     def checksum(self) -> str:
         """A hex digest of the loaded weights."""
 
+    def release_weights(self) -> None:
+        """Free the weights' memory (the engine sleeps)."""
+
+    def allocate_weights(self) -> None:
+        """Give the released weights storage again (values undefined until ``load_weights``)."""
+
+    def initial_state(self) -> Mapping[str, torch.Tensor]:
+        """The weights the policy was built with (config + seed)."""
+
 
 class MegatronPolicy:
     """A single-process megatron ``GPTModel`` (TP=1) in eval mode."""
@@ -53,9 +64,11 @@ class MegatronPolicy:
         self.vocab_size = model_cfg.vocab_size
         self.max_seq_len = model_cfg.max_seq_len
         self._forward = forward_logits
-        self.model = build_model(model_cfg, seed=seed).eval()
+        self._build = lambda: build_model(model_cfg, seed=seed)
+        self.model = self._build().eval()
         self._device = next(self.model.parameters()).device
         self._checksum: str | None = None
+        self._released: dict[str, tuple[int, ...]] = {}  # name -> shape of the weights freed by release_weights
 
     def state(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.model.state_dict().items() if isinstance(v, torch.Tensor)}
@@ -89,6 +102,29 @@ class MegatronPolicy:
             for name, t in own.items():
                 t.copy_(state[name])
         self._checksum = None
+
+    def _live_tensors(self) -> dict[str, torch.Tensor]:
+        """The module's own parameters and buffers under their state-dict names (not detached copies)."""
+        own = {**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}
+        return {name: own[name] for name in self.state() if name in own}
+
+    def release_weights(self) -> None:
+        tensors = self._live_tensors()
+        self._released = {name: tuple(t.shape) for name, t in tensors.items()}
+        with torch.no_grad():
+            for t in tensors.values():
+                t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+        self._checksum = None
+
+    def allocate_weights(self) -> None:
+        with torch.no_grad():
+            for name, t in self._live_tensors().items():
+                if name in self._released:
+                    t.data = torch.empty(self._released[name], dtype=t.dtype, device=t.device)
+        self._released = {}
+
+    def initial_state(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self._build().state_dict().items() if isinstance(v, torch.Tensor)}
 
     def checksum(self) -> str:
         if self._checksum is None:

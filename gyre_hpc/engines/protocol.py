@@ -194,6 +194,7 @@ def parse_generate(body: Any, vocab_size: int, default_max_new_tokens: int = 128
 
 
 # ------------------------------------------------------------------------------------------ control input
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")  # SGLang's GPU memory types (release/resume_memory_occupation)
 PAUSE_MODES = ("abort", "retract", "in_place")
 
 
@@ -205,6 +206,18 @@ def parse_pause(body: Any) -> str:
     if mode not in PAUSE_MODES:
         raise ProtocolError("mode", f"{mode!r} is not one of {', '.join(PAUSE_MODES)}")
     return mode
+
+
+def parse_memory_tags(body: Any) -> tuple[str, ...]:
+    """``/release_memory_occupation`` and ``/resume_memory_occupation`` body → the tags (none given: all)."""
+    body = _object(body)
+    _only(body, ("tags",))
+    tags = body.get("tags")
+    if tags is None:
+        return MEMORY_TAGS
+    if not isinstance(tags, list) or not all(t in MEMORY_TAGS for t in tags):
+        raise ProtocolError("tags", f"expected a list of {', '.join(MEMORY_TAGS)}, got {tags!r}")
+    return tuple(dict.fromkeys(tags))
 
 
 def parse_abort(body: Any) -> tuple[str | None, bool]:

@@ -14,6 +14,7 @@ Invariants
 - A finished request is resolved exactly once and leaves every queue; an abort resolves it with the tokens it
   has (partial output, ``finish_reason.type == "abort"``), also while a forward for it is in flight (that
   forward's token is dropped).
+- While memory is released (``released``, the engine sleeps) every new request is refused with 503.
 - While paused, no token is generated: ``pause`` returns only after an in-flight tick has ended.
 - At most ``max_running_requests`` requests are running; a request never holds more than ``context_len`` tokens.
 - With ``device_tick_s > 0`` a tick over n requests lasts at least ``device_tick_s * (1 + n / device_half_load)``
@@ -65,10 +66,11 @@ class Scheduler:
         self.cfg = cfg
         self.version = cfg.initial_weight_version
         self.paused: str | None = None
+        self.released: frozenset[str] = frozenset()  # memory released (release_memory_occupation): no generation
         self.waiting: collections.deque[_Running] = collections.deque()
         self.running: list[_Running] = []
         self._active: dict[str, _Running] = {}
-        self._lock = asyncio.Lock()
+        self.lock = asyncio.Lock()
         self._work = asyncio.Event()
         self._seeds = np.random.SeedSequence(seed)
         self.generated_tokens = 0
@@ -79,6 +81,9 @@ class Scheduler:
         """Queue ``req``; the future resolves to its ``/generate`` answer."""
         if req.rid in self._active:
             raise ProtocolError("rid", f"request {req.rid!r} is already running")
+        if self.released:
+            raise EngineError(f"engine memory released ({', '.join(sorted(self.released))}): "
+                              "/resume_memory_occupation first", status=503)
         room = self.cfg.context_len - len(req.input_ids)
         if room < 1:
             raise ProtocolError("input_ids", f"{len(req.input_ids)} tokens do not fit the context length "
@@ -124,7 +129,7 @@ class Scheduler:
         elif mode == "retract":
             self.waiting.extendleft(reversed(self.running))
             self.running.clear()
-        async with self._lock:  # an in-flight tick ends before pause returns
+        async with self.lock:  # an in-flight tick ends before pause returns
             pass
 
     def resume(self) -> None:
@@ -133,12 +138,12 @@ class Scheduler:
 
     async def exclusive(self, fn: Callable[[], object]) -> object:
         """Run ``fn`` in a thread with no tick in flight (checksums)."""
-        async with self._lock:
+        async with self.lock:
             return await asyncio.to_thread(fn)
 
     async def load_weights(self, state: Mapping[str, object], version: str | None) -> None:
         """Load ``state`` between two ticks; the next tick's tokens carry ``version`` (when given)."""
-        async with self._lock:
+        async with self.lock:
             await asyncio.to_thread(self.policy.load_weights, state)
             if version is not None:
                 self.version = version
@@ -169,7 +174,7 @@ class Scheduler:
     async def _tick(self) -> None:
         while self.waiting and len(self.running) < self.cfg.max_running_requests:
             self.running.append(self.waiting.popleft())
-        async with self._lock:
+        async with self.lock:
             batch, version = list(self.running), self.version
             if not batch:
                 return

@@ -23,8 +23,8 @@ import statistics
 from pathlib import Path
 from typing import Mapping, Sequence
 
-R2T_PARTS = ("drain_s", "engine_stop_s", "trainer_init_s", "weight_pull_s", "total_s")
-T2R_PARTS = ("engine_start_s", "register_s", "total_s")
+R2T_PARTS = ("drain_s", "engine_stop_s", "engine_sleep_s", "trainer_init_s", "weight_pull_s", "total_s")
+T2R_PARTS = ("engine_start_s", "engine_wake_s", "register_s", "total_s")
 
 
 def median(xs: Sequence[float]) -> float | None:

@@ -361,3 +361,37 @@ def test_client_maps_an_unreachable_engine_to_engine_error():
         with pytest.raises(EngineError) as err:
             c.generate(PROMPT)
     assert err.value.status is None and err.value.endpoint == "/generate"
+
+
+# ------------------------------------------------------------------------------------- sleep / wake
+def test_a_sleeping_engine_refuses_generation_and_wakes_with_the_same_weights_and_version(client, tmp_path):
+    from gyre_hpc.engines.policy import MegatronPolicy
+
+    seed_state = MegatronPolicy(MODEL, seed=SEED, threads=1).state()
+    save_weights(tmp_path / "v7", {k: v + 0.01 for k, v in seed_state.items()}, "7")
+    client.update_weights_from_disk(str(tmp_path / "v7"), "7")
+    before = client.weights_checksum()
+    client.release_memory()
+    assert client.server_info()["memory_released"] == ["cuda_graph", "kv_cache", "weights"]
+    with pytest.raises(EngineError) as err:
+        client.generate(PROMPT, {"max_new_tokens": 2})
+    assert err.value.status == 503 and "resume_memory_occupation" in str(err.value)
+    client.resume_memory()
+    assert client.server_info()["memory_released"] == []
+    assert client.weights_checksum() == before and client.weight_version() == "7"
+    assert len(client.generate(PROMPT, {"max_new_tokens": 3}).output_ids) == 3
+
+
+def test_memory_is_not_released_while_requests_run_and_bad_tags_are_400(client):
+    held = _start_and_hold(client, "held-for-release", max_new_tokens=30)
+    try:
+        with pytest.raises(EngineError, match="pause generation and let them finish") as err:
+            client.release_memory(["kv_cache"])
+        assert err.value.status == 400 and client.server_info()["memory_released"] == []
+    finally:
+        client.resume()
+    assert len(held.join().output_ids) == 30
+    with pytest.raises(EngineError, match="tags") as err:
+        client.release_memory(["gpu"])
+    assert err.value.status == 400
+
