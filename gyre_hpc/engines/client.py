@@ -290,6 +290,12 @@ class AsyncEngineClient:
     async def resume(self) -> None:
         await self._call(_Specs.resume())
 
+    async def release_memory(self, tags: Sequence[str] | None = None) -> None:
+        await self._call(_Specs.release_memory(tags))
+
+    async def resume_memory(self, tags: Sequence[str] | None = None) -> None:
+        await self._call(_Specs.resume_memory(tags))
+
     async def update_weights_from_disk(self, path: str, version: str | None = None, abort_all_requests: bool = False,
                                        flush_cache: bool = True) -> dict:
         return await self._call(_Specs.update_weights_from_disk(path, version, abort_all_requests, flush_cache))
