@@ -244,7 +244,8 @@ def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollou
         **{f"staleness_{part}_{stat}": _staleness(steps, f"staleness_{part}_{stat}")
            for part in ("prequeue", "inqueue") for stat in ("mean", "max")},
         "switch_s": {d: _median([s[f"{d}_s"] for s in switches if f"{d}_s" in s])
-                     for d in ("total", "drain", "engine_stop", "weight_pull", "engine_start")},
+                     for d in ("total", "drain", "engine_stop", "engine_sleep", "weight_pull", "engine_start",
+                               "engine_wake")},
         "build_errors": rollouts.errors, "stop": stop, "run_dir": str(run_dir),
     }
 
