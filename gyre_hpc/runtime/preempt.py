@@ -12,6 +12,10 @@
     resume:  the core loads resume/checkpoint; rank 0 restores the hub's buffer (rebuilt from the TITO files),
              the SchedState counters, the step records and the run counters; event ``resumed``
 
+The buffer is the hub's untrained groups, then (fixed batches) the ready groups still held for an incomplete
+batch, by gid. After a resume they are all ready at once and fixed batches count on from the next group
+admitted: the one batch boundary a resume moves.
+
 Once its role has ended (run_root returned, the cell said Bye) a rank ignores both signals until it exits
 (``Preemption.ignore``): its exit status is its own, never the default action of a late signal during MPI_Finalize.
 
@@ -79,7 +83,7 @@ def snapshot(server, hub, rollouts, steps: list[dict], carry: dict, wall_s: floa
     """Rank 0's resume state (gyre_hpc.resume) at a quiet point: no step pending, no group going out."""
     buffer = [{"gid": g.gid, "tito": str(rollouts.tito_path(g.gid)), "runs": g.runs, "rewards": list(g.rewards),
                "trained_tokens": int(g.trained_tokens), "gen_versions": [int(v) for v in g.gen_versions]}
-              for g in hub.buffer()]
+              for g in [*hub.buffer(), *(g for _, g in sorted(list(rollouts.held.items())))]]
     counters = {"wall_s": carry.get("wall_s", 0.0) + wall_s,
                 "runs_finished": carry.get("runs_finished", 0) + rollouts.ended_runs,
                 "groups": rollouts.groups, "build_errors": rollouts.errors, "segments": carry.get("segments", 0) + 1,
@@ -94,7 +98,7 @@ def restore(saved: dict, server, hub, rollouts, now: float) -> list:
 
     groups = [rollouts.rebuild(g) for g in saved["buffer"]]
     hub.restore(groups, saved["version"])
-    rollouts.next_gid = saved["next_gid"]
+    rollouts.next_gid = rollouts.batch_base = saved["next_gid"]  # fixed batches count on from the next group
     rollouts.groups = list(saved["counters"]["groups"])
     rollouts.errors = list(saved["counters"]["build_errors"])
     work = sum(WORK_S_PER_TOKEN * (g.batch.tokens if g.batch is not None else 0) for g in groups)

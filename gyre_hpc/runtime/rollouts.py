@@ -4,13 +4,19 @@
 
     allocator loop ── admit(n) ──▶ n new groups (queries) start; their runs call the proxy
     group's runs all ended ──▶ proxy /admin/flush_tito → tito/q<gid>.jsonl ──▶ build_batch (tree, J_max,
-                               scoring) ──▶ hub.offer(group) and GroupsReady(1, work_s) to the allocator
-                               ──▶ one line of groups.jsonl (admit/ready times, per-run end, trained tokens)
+                               scoring) ──▶ one line of groups.jsonl (admit/ready times, per-run end, trained
+                               tokens) ──▶ hub.offer(group) and GroupsReady(1, work_s) to the allocator
+                               (fixed batches: held until the whole batch is ready, then all B in order)
     every 0.25 s ──▶ RunsChanged(runs per cell from the proxy's in-flight counts, runs ended)
 
 Invariants (tests/integration/test_live_training.py)
 - Groups become ready in completion order; each is offered to the hub exactly once, after its TITO file is
   complete (every run's calls and its outcome).
+- Fixed batches (non-streaming policies, as in the simulator): batch b = the groups admitted b*B .. b*B+B-1
+  (counted from 0, or from the first group admitted after a resume); a ready group is held until every
+  group of its batch is ready and every earlier batch went out, then the batch goes to the hub in admission
+  order with one GroupsReady(B); ``batch_base`` is the first group of the next batch to go out. So a batch waits for its slowest query, as colocate and async do
+  by definition — not for any B groups that happen to finish first.
 - Every started run ends with an outcome (the harness's guarantee); ``stop()`` cancels the runs still going
   (they end ``aborted``) and counts them apart from the finished ones.
 - After ``close()`` (preemption) no group is offered and none is started: the trajectory buffer saved for the
@@ -37,8 +43,12 @@ WORK_S_PER_TOKEN = 2e-4  # rough CPU training cost per packed token, for the pol
 
 
 class Rollouts:
-    def __init__(self, cfg: GyreConfig, run_dir: Path, proxy_url: str, offer: Callable[[dp.Group], None]):
+    def __init__(self, cfg: GyreConfig, run_dir: Path, proxy_url: str, offer: Callable[[dp.Group], None],
+                 fixed_batches: bool = False):
         self.cfg, self.run_dir, self.proxy_url, self.offer = cfg, Path(run_dir), proxy_url, offer
+        self.fixed_batches = fixed_batches
+        self.batch_base = 0  # fixed batches: the first group of the next batch to go out
+        self.held: dict[int, dp.Group] = {}  # fixed batches: ready groups whose batch is not complete yet
         self.post: Callable = lambda msg: None
         self.harness = Harness(cfg.agent, proxy_url, self.run_dir / "tito" / "runs", vocab_size=cfg.model.vocab_size,
                                seed=cfg.run.seed, proxy=True, context_len=cfg.engine.context_len,
@@ -88,8 +98,20 @@ class Rollouts:
                             "rewards": group.rewards, "versions": list(group.gen_versions),
                             "statuses": [r.outcome.status.value for r in results]})
         self._record(gid, t0, group, results)
-        self.offer(group)
-        self.post(GroupsReady(groups=1, work_s=WORK_S_PER_TOKEN * (group.batch.tokens if group.batch else 0)))
+        if not self.fixed_batches:
+            self._release([group])
+            return
+        self.held[gid] = group
+        b = self.cfg.scheduler.batch_groups
+        while all(g in self.held for g in range(self.batch_base, self.batch_base + b)):  # the next batch is whole
+            self._release([self.held.pop(g) for g in range(self.batch_base, self.batch_base + b)])
+            self.batch_base += b
+
+    def _release(self, groups: list[dp.Group]) -> None:
+        for group in groups:
+            self.offer(group)
+        work = sum(WORK_S_PER_TOKEN * (g.batch.tokens if g.batch else 0) for g in groups)
+        self.post(GroupsReady(groups=len(groups), work_s=work))
 
     def close(self) -> None:
         """Preemption: start no group and offer none from now on (thread-safe: one attribute)."""

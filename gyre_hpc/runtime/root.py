@@ -132,7 +132,7 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
         hub = Hub(comm, cfg.scheduler.batch_groups, policy.streaming, cfg.cluster.cells,
                   lambda c: server.state.cells[c].role, on_step, burst_open=burst_open,
                   on_event=lambda rec: server.log.write(rec))
-        rollouts = Rollouts(cfg, run_dir, proxy.url, hub.offer)
+        rollouts = Rollouts(cfg, run_dir, proxy.url, hub.offer, fixed_batches=not policy.streaming)
         preemption.on_signal = rollouts.close  # from the signal on, no group starts or joins the buffer
         if preemption.requested:
             rollouts.close()

@@ -34,6 +34,7 @@ def test_live_run_trains_the_requested_steps_and_shuts_down_in_order(live_run):
     assert summary["stop"]["lost"] == [] and summary["stop"]["no_bye"] == []
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["version"] for s in steps] == [1, 2] and all(s["groups"] == 2 for s in steps)
+    assert [s["gids"] for s in steps] == [[0, 1], [2, 3]]  # fixed batches: whole, in admission order
     assert json.loads((run_dir / "weights" / "LATEST.json").read_text())["version"] == 2
     assert (run_dir / "checkpoints" / "latest" / "meta.json").is_file()
     for png in ("roles.png", "reward.png", "query_durations.png", "staleness.png"):

@@ -28,6 +28,11 @@ def run_one_step(tp_rank_world: tuple[int, int], port: int, queue) -> None:
     after = trainer.export_weights()
     if rank == 0:  # numpy copies: tensors would travel as shared memory that dies with this process
         queue.put(({k: v.numpy() for k, v in initial.items()}, metrics, {k: v.numpy() for k, v in after.items()}))
+    if world > 1:  # leave gloo in order: a rank that exits with the group alive can abort in gloo's threads
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def test_tp2_matches_tp1_in_weights_loss_and_update(tmp_path):
