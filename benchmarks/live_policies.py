@@ -42,6 +42,7 @@ from gyre_hpc.io import atomic_write_json  # noqa: E402
 from gyre_hpc.report import compare  # noqa: E402
 
 POLICIES = ("gyre", "colocate", "async")
+ABLATIONS = ("async_streaming", "colocate_streaming")  # --policies gyre async_streaming: the streaming variants
 
 
 def log(msg: str) -> None:
@@ -188,7 +189,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the one config every policy runs (default: configs/bench/live_longtail.yaml)")
     p.add_argument("--steps", type=int, default=8, help="optimizer steps per run (allocator.steps); default 8")
     p.add_argument("--reps", type=int, default=3, help="repetitions of every policy, interleaved; default 3")
-    p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES,
+    p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES + ABLATIONS,
                    help="policies to compare; the first is the reference of the ratios (default: gyre colocate async)")
     p.add_argument("--out", type=Path, default=ROOT / "runs/bench_live",
                    help="folder for run directories, logs, records.json and plots (default runs/bench_live)")
