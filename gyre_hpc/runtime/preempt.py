@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Callable
 
 from gyre_hpc import resume
+from gyre_hpc.runtime.batches import FixedBatches
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 #: seconds rank 0 waits for the step already out (its gradients, the optimizer, the STEPPED record)
@@ -83,7 +84,7 @@ def snapshot(server, hub, rollouts, steps: list[dict], carry: dict, wall_s: floa
     """Rank 0's resume state (gyre_hpc.resume) at a quiet point: no step pending, no group going out."""
     buffer = [{"gid": g.gid, "tito": str(rollouts.tito_path(g.gid)), "runs": g.runs, "rewards": list(g.rewards),
                "trained_tokens": int(g.trained_tokens), "gen_versions": [int(v) for v in g.gen_versions]}
-              for g in [*hub.buffer(), *(g for _, g in sorted(list(rollouts.held.items())))]]
+              for g in [*hub.buffer(), *(rollouts.batches.holding() if rollouts.batches else [])]]
     counters = {"wall_s": carry.get("wall_s", 0.0) + wall_s,
                 "runs_finished": carry.get("runs_finished", 0) + rollouts.ended_runs,
                 "groups": rollouts.groups, "build_errors": rollouts.errors, "segments": carry.get("segments", 0) + 1,
@@ -98,7 +99,9 @@ def restore(saved: dict, server, hub, rollouts, now: float) -> list:
 
     groups = [rollouts.rebuild(g) for g in saved["buffer"]]
     hub.restore(groups, saved["version"])
-    rollouts.next_gid = rollouts.batch_base = saved["next_gid"]  # fixed batches count on from the next group
+    rollouts.next_gid = saved["next_gid"]
+    if rollouts.batches is not None:  # fixed batches count on from the next group admitted
+        rollouts.batches = FixedBatches(rollouts.batches.B, base=saved["next_gid"])
     rollouts.groups = list(saved["counters"]["groups"])
     rollouts.errors = list(saved["counters"]["build_errors"])
     work = sum(WORK_S_PER_TOKEN * (g.batch.tokens if g.batch is not None else 0) for g in groups)

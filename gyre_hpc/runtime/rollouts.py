@@ -15,8 +15,8 @@ Invariants (tests/integration/test_live_training.py)
 - Fixed batches (non-streaming policies, as in the simulator): batch b = the groups admitted b*B .. b*B+B-1
   (counted from 0, or from the first group admitted after a resume); a ready group is held until every
   group of its batch is ready and every earlier batch went out, then the batch goes to the hub in admission
-  order with one GroupsReady(B); ``batch_base`` is the first group of the next batch to go out. So a batch waits for its slowest query, as colocate and async do
-  by definition — not for any B groups that happen to finish first.
+  order with one GroupsReady(B) (``runtime.batches.FixedBatches``). So a batch waits for its slowest query,
+  as colocate and async do by definition — not for any B groups that happen to finish first.
 - Every started run ends with an outcome (the harness's guarantee); ``stop()`` cancels the runs still going
   (they end ``aborted``) and counts them apart from the finished ones.
 - After ``close()`` (preemption) no group is offered and none is started: the trajectory buffer saved for the
@@ -37,6 +37,7 @@ from gyre_hpc.allocator.messages import GroupsReady, RunsChanged
 from gyre_hpc.cell import dataplane as dp
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import GyreError
+from gyre_hpc.runtime.batches import FixedBatches
 from gyre_hpc.trajectory.records import TitoLog, read_tito
 
 WORK_S_PER_TOKEN = 2e-4  # rough CPU training cost per packed token, for the policies' backlog estimate
@@ -46,9 +47,7 @@ class Rollouts:
     def __init__(self, cfg: GyreConfig, run_dir: Path, proxy_url: str, offer: Callable[[dp.Group], None],
                  fixed_batches: bool = False):
         self.cfg, self.run_dir, self.proxy_url, self.offer = cfg, Path(run_dir), proxy_url, offer
-        self.fixed_batches = fixed_batches
-        self.batch_base = 0  # fixed batches: the first group of the next batch to go out
-        self.held: dict[int, dp.Group] = {}  # fixed batches: ready groups whose batch is not complete yet
+        self.batches = FixedBatches[dp.Group](cfg.scheduler.batch_groups) if fixed_batches else None
         self.post: Callable = lambda msg: None
         self.harness = Harness(cfg.agent, proxy_url, self.run_dir / "tito" / "runs", vocab_size=cfg.model.vocab_size,
                                seed=cfg.run.seed, proxy=True, context_len=cfg.engine.context_len,
@@ -98,14 +97,11 @@ class Rollouts:
                             "rewards": group.rewards, "versions": list(group.gen_versions),
                             "statuses": [r.outcome.status.value for r in results]})
         self._record(gid, t0, group, results)
-        if not self.fixed_batches:
+        if self.batches is None:
             self._release([group])
             return
-        self.held[gid] = group
-        b = self.cfg.scheduler.batch_groups
-        while all(g in self.held for g in range(self.batch_base, self.batch_base + b)):  # the next batch is whole
-            self._release([self.held.pop(g) for g in range(self.batch_base, self.batch_base + b)])
-            self.batch_base += b
+        for batch in self.batches.ready(gid, group):
+            self._release(batch)
 
     def _release(self, groups: list[dp.Group]) -> None:
         for group in groups:
