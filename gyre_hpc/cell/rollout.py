@@ -58,7 +58,6 @@ class RolloutSide:
     def start(self) -> dict:
         """Start and register the engine; returns the timing (engine_start_s, register_s)."""
         from gyre_hpc.engines.launch import start_engine_on_free_port
-        from gyre_hpc.proxy.client import ProxyClient
 
         if self.asleep:
             return self._wake()
@@ -75,16 +74,12 @@ class RolloutSide:
         self.client = self.handle.client(timeout=engine.request_timeout_s)
         self.version = int(self.client.weight_version())
         t1 = time.perf_counter()
-        self.name = f"cell{self.cell}-e{self.starts}"
-        with ProxyClient(self.proxy_url, timeout=30.0) as proxy:
-            proxy.add_engine(self.handle.url, cell=self.cell, name=self.name)
+        self._register(f"cell{self.cell}-e{self.starts}")
         self.refresh()
         return {"engine_start_s": t1 - t0, "register_s": time.perf_counter() - t1}
 
     def _wake(self) -> dict:
         """Wake the sleeping engine, load the newest weights, register it; returns the timing."""
-        from gyre_hpc.proxy.client import ProxyClient
-
         self.asleep = False
         if not self.alive():  # it died in its sleep: a fresh start instead
             self.stop()
@@ -94,10 +89,16 @@ class RolloutSide:
         self.refresh()
         t1 = time.perf_counter()
         self.wakes += 1
-        self.name = f"cell{self.cell}-e{self.starts}w{self.wakes}"
-        with ProxyClient(self.proxy_url, timeout=30.0) as proxy:
-            proxy.add_engine(self.handle.url, cell=self.cell, name=self.name)
+        self._register(f"cell{self.cell}-e{self.starts}w{self.wakes}")
         return {"engine_wake_s": t1 - t0, "register_s": time.perf_counter() - t1}
+
+    def _register(self, name: str) -> None:
+        """Add the engine to the proxy under ``name`` (a fresh one per start or wake)."""
+        from gyre_hpc.proxy.client import ProxyClient
+
+        self.name = name
+        with ProxyClient(self.proxy_url, timeout=30.0) as proxy:
+            proxy.add_engine(self.handle.url, cell=self.cell, name=name)
 
     def refresh(self) -> bool:
         """Load a newer published version into the engine; True if one was loaded."""

@@ -289,7 +289,8 @@ class CellRunner:
     def _stats(self) -> dict:
         pulls = self.earlier.get("pulls", []) + getattr(self.trainer, "pulls", [])
         stats = {"cell": self.cell, "core": self.is_core, "switches": self.switches, "pulls": pulls,
-                 "engine_starts": self.rollout.starts, "engine_wakes": self.rollout.wakes, "weight_updates": self.rollout.updates,
+                 "engine_starts": self.rollout.starts, "engine_wakes": self.rollout.wakes,
+                 "weight_updates": self.rollout.updates,
                  "engine_deaths": self.rollout.deaths, "failed": self.failed,
                  "grads_dropped": self.trainer.ledger.dropped if self.is_core else [],
                  "version": getattr(self.trainer, "version", None),

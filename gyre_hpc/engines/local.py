@@ -177,29 +177,19 @@ class LocalEngine:
         """Sleep: free the named memory (``weights`` frees every weight tensor; this engine has no KV cache or
         CUDA graphs to free). Refused while requests run or wait: pause and drain first, as with SGLang."""
         tags = P.parse_memory_tags(await _json(request))
-        if self.s.running or self.s.waiting:
-            return JSONResponse({"success": False, "message": "requests are running or waiting: pause generation "
-                                 "and let them finish (or abort them) before releasing memory"}, 400)
-        async with self.s.lock:
-            if "weights" in tags and "weights" not in self.s.released:
-                await asyncio.to_thread(self.s.policy.release_weights)
-            self.s.released |= set(tags)
+        try:
+            await self.s.release_memory(tags)
+        except EngineError as exc:
+            return JSONResponse({"success": False, "message": str(exc)}, 400)
         return {"success": True, "message": f"released {', '.join(tags)}"}
 
     async def resume_memory_occupation(self, request: Request):
         """Wake: give the memory back; released weights are reloaded from where they came from (the last
         weights directory loaded, else the seed's initial weights), so the weight version is unchanged."""
         tags = P.parse_memory_tags(await _json(request))
-        async with self.s.lock:
-            if "weights" in tags and "weights" in self.s.released:
-                await asyncio.to_thread(self._reload_weights)
-            self.s.released -= set(tags)
+        path = self.model_path
+        await self.s.resume_memory(tags, lambda: load_weights_dir(path)[0] if path else self.s.policy.initial_state())
         return {"success": True, "message": f"resumed {', '.join(tags)}"}
-
-    def _reload_weights(self) -> None:
-        policy = self.s.policy
-        policy.allocate_weights()
-        policy.load_weights(load_weights_dir(self.model_path)[0] if self.model_path else policy.initial_state())
 
     async def weights_checker(self, request: Request):
         body = await _json(request) if request.method == "POST" else dict(request.query_params)
@@ -239,7 +229,8 @@ class LocalEngine:
         running, waiting, _ = self.s.loads()
         return {"engine": "local", "version": ENGINE_VERSION, "weight_version": self.s.version,
                 "max_running_requests": self.cfg.max_running_requests, "context_len": self.cfg.context_len,
-                "vocab_size": self.s.policy.vocab_size, "paused": self.s.paused, "memory_released": sorted(self.s.released), "num_running_reqs": running,
+                "vocab_size": self.s.policy.vocab_size, "paused": self.s.paused, "memory_released": sorted(self.s.released),
+                "num_running_reqs": running,
                 "num_waiting_reqs": waiting, "generated_tokens": self.s.generated_tokens,
                 "forward_calls": self.s.forward_calls}
 

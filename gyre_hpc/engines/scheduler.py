@@ -70,7 +70,7 @@ class Scheduler:
         self.waiting: collections.deque[_Running] = collections.deque()
         self.running: list[_Running] = []
         self._active: dict[str, _Running] = {}
-        self.lock = asyncio.Lock()
+        self._lock = asyncio.Lock()
         self._work = asyncio.Event()
         self._seeds = np.random.SeedSequence(seed)
         self.generated_tokens = 0
@@ -129,7 +129,7 @@ class Scheduler:
         elif mode == "retract":
             self.waiting.extendleft(reversed(self.running))
             self.running.clear()
-        async with self.lock:  # an in-flight tick ends before pause returns
+        async with self._lock:  # an in-flight tick ends before pause returns
             pass
 
     def resume(self) -> None:
@@ -138,15 +138,35 @@ class Scheduler:
 
     async def exclusive(self, fn: Callable[[], object]) -> object:
         """Run ``fn`` in a thread with no tick in flight (checksums)."""
-        async with self.lock:
+        async with self._lock:
             return await asyncio.to_thread(fn)
 
     async def load_weights(self, state: Mapping[str, object], version: str | None) -> None:
         """Load ``state`` between two ticks; the next tick's tokens carry ``version`` (when given)."""
-        async with self.lock:
+        async with self._lock:
             await asyncio.to_thread(self.policy.load_weights, state)
             if version is not None:
                 self.version = version
+
+    async def release_memory(self, tags: tuple[str, ...]) -> None:
+        """Sleep: refuse new requests; ``weights`` frees the policy's weights. The engine must be idle."""
+        if self.running or self.waiting:
+            raise EngineError("requests are running or waiting: pause generation and let them finish (or abort "
+                              "them) before releasing memory", status=400)
+        async with self._lock:
+            if "weights" in tags and "weights" not in self.released:
+                await asyncio.to_thread(self.policy.release_weights)
+            self.released |= set(tags)
+
+    async def resume_memory(self, tags: tuple[str, ...], reload: Callable[[], Mapping[str, object]]) -> None:
+        """Wake: released weights get storage again and ``reload()``'s state (the version is unchanged)."""
+        async with self._lock:
+            if "weights" in tags and "weights" in self.released:
+                def restore() -> None:
+                    self.policy.allocate_weights()
+                    self.policy.load_weights(reload())
+                await asyncio.to_thread(restore)
+            self.released -= set(tags)
 
     def busy(self) -> bool:
         """True when a cache flush must be refused: something runs, or waits without being paused."""
@@ -174,7 +194,7 @@ class Scheduler:
     async def _tick(self) -> None:
         while self.waiting and len(self.running) < self.cfg.max_running_requests:
             self.running.append(self.waiting.popleft())
-        async with self.lock:
+        async with self._lock:
             batch, version = list(self.running), self.version
             if not batch:
                 return

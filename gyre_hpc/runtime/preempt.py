@@ -95,7 +95,7 @@ def snapshot(server, hub, rollouts, steps: list[dict], carry: dict, wall_s: floa
 
 def restore(saved: dict, server, hub, rollouts, now: float) -> list:
     """Put a loaded resume state back into a fresh rank 0 (before the allocator's first decision)."""
-    from gyre_hpc.runtime.rollouts import WORK_S_PER_TOKEN
+    from gyre_hpc.runtime.rollouts import work_s
 
     groups = [rollouts.rebuild(g) for g in saved["buffer"]]
     hub.restore(groups, saved["version"])
@@ -104,8 +104,7 @@ def restore(saved: dict, server, hub, rollouts, now: float) -> list:
         rollouts.batches = FixedBatches(rollouts.batches.B, base=saved["next_gid"])
     rollouts.groups = list(saved["counters"]["groups"])
     rollouts.errors = list(saved["counters"]["build_errors"])
-    work = sum(WORK_S_PER_TOKEN * (g.batch.tokens if g.batch is not None else 0) for g in groups)
-    resume.restore_sched(server.state, saved["sched"], len(groups), work, now)
+    resume.restore_sched(server.state, saved["sched"], len(groups), work_s(groups), now)
     return groups
 
 

@@ -43,6 +43,11 @@ from gyre_hpc.trajectory.records import TitoLog, read_tito
 WORK_S_PER_TOKEN = 2e-4  # rough CPU training cost per packed token, for the policies' backlog estimate
 
 
+def work_s(groups: list[dp.Group]) -> float:
+    """The policies' estimate of the training work in ``groups`` (cell-seconds)."""
+    return sum(WORK_S_PER_TOKEN * (g.batch.tokens if g.batch is not None else 0) for g in groups)
+
+
 class Rollouts:
     def __init__(self, cfg: GyreConfig, run_dir: Path, proxy_url: str, offer: Callable[[dp.Group], None],
                  fixed_batches: bool = False):
@@ -106,8 +111,7 @@ class Rollouts:
     def _release(self, groups: list[dp.Group]) -> None:
         for group in groups:
             self.offer(group)
-        work = sum(WORK_S_PER_TOKEN * (g.batch.tokens if g.batch else 0) for g in groups)
-        self.post(GroupsReady(groups=len(groups), work_s=work))
+        self.post(GroupsReady(groups=len(groups), work_s=work_s(groups)))
 
     def close(self) -> None:
         """Preemption: start no group and offer none from now on (thread-safe: one attribute)."""
