@@ -20,6 +20,7 @@ COMMANDS = {
     "sweep": "jobs.sweep",
     "trajectory": "jobs.trajectory",
     "config": "jobs.config",
+    "tasks": "jobs.tasks",
 }
 
 _HELP = {
@@ -29,6 +30,7 @@ _HELP = {
     "sweep": "run a grid of training or simulator runs as one SLURM job array; CSV, table and plot",
     "trajectory": "inspect, synthesize and pack TITO logs (stats, pack, synth)",
     "config": "explain every config key, or print a resolved config",
+    "tasks": "verify repository-repair tasks: unmodified scores 0.0, the reference patch 1.0",
 }
 
 

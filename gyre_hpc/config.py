@@ -466,6 +466,14 @@ class AgentConfig:
     seeded_sampling: bool = param(True, "Send a sampling_seed per call derived from run.seed, run and call id.")
     abort_retries: int = param(2, "A /generate answered with finish_reason abort is re-issued this often, then the "
                                   "run ends aborted.")
+    kind: Literal["synthetic", "python", "command"] = param(
+        "synthetic", "Which agent runs: the synthetic token game (default), a Python plugin (agent.entry) or a "
+                     "command (agent.argv); plugins talk OpenAI chat completions (docs/agents.md).")
+    entry: str | None = param(None, "kind python: the agent callable as 'pkg.module:run' (sync or async), called "
+                                    "with task, base_url, api_key, workspace.")
+    argv: tuple[str, ...] = param((), "kind command: the agent's argv; cwd = a fresh workspace, OPENAI_BASE_URL and "
+                                      "OPENAI_API_KEY set per run, GYRE_TASK holds the task statement.")
+    tasks_dir: str | None = param(None, "kind python/command: the directory of repository-repair tasks (tasks/).")
 
     def min_budget(self) -> int:
         """The smallest context_budget in which a compressed context still fits its next call."""
@@ -489,6 +497,50 @@ class AgentConfig:
         require(self.top_k == -1 or self.top_k >= 1, "top_k", f"must be -1 or >= 1, got {self.top_k}")
         require(self.context_budget >= self.min_budget(), "context_budget",
                 f"must be >= {self.min_budget()} (a compressed context plus its next call), got {self.context_budget}")
+        check_plugin_fields(self)
+
+
+#: ``pkg.module:attr`` (dotted module path, a colon, a dotted attribute path).
+ENTRY_FORMAT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def check_entry(value: str | None, key: str) -> None:
+    """Raise ``FieldError(key, ...)`` unless ``value`` is None or of the form ``pkg.module:attr``."""
+    require(value is None or bool(ENTRY_FORMAT.match(value)), key,
+            f"must be 'pkg.module:callable', got {value!r}")
+
+
+def check_plugin_fields(agent: "AgentConfig") -> None:
+    """The plugin keys of the agent section agree with its kind (importing happens later: agents.plugins)."""
+    check_entry(agent.entry, "entry")
+    if agent.kind == "python":
+        require(agent.entry is not None, "entry", "is required with agent.kind python ('pkg.module:run')")
+    if agent.kind == "command":
+        require(len(agent.argv) > 0 and all(agent.argv), "argv", f"must be a non-empty argv with agent.kind "
+                                                                  f"command, got {list(agent.argv)}")
+    if agent.kind != "synthetic":
+        require(agent.tasks_dir is not None, "tasks_dir", f"is required with agent.kind {agent.kind}")
+
+
+@dataclass(frozen=True)
+class GraderConfig:
+    """How a plugin agent's run is graded: the task's hidden tests in a sandbox, or a grader plugin (docs/agents.md)."""
+
+    entry: str | None = param(None, "A grader callable 'pkg.module:grade' (task, workspace) -> score in [0, 1]; "
+                                    "null = run the task's hidden tests (share passed). Raising = eval_failure.")
+    timeout_s: float = param(60.0, "Wall-clock limit of one grading; past it the run is an eval_failure.")
+    cpu_s: int = param(60, "RLIMIT_CPU of the hidden-test process, in CPU seconds.")
+    memory_mb: int = param(2048, "RLIMIT_AS of the hidden-test process, in MiB.")
+    file_mb: int = param(64, "RLIMIT_FSIZE: the largest file the hidden-test process may write, in MiB.")
+    isolation: Literal["auto", "required", "off"] = param(
+        "auto", "Sandbox of the hidden tests (no network, read-only filesystem outside the workspace, uid nobody): "
+                "auto = when root with unshare, required = refuse to grade without it, off = never.")
+
+    def check(self) -> None:
+        check_entry(self.entry, "entry")
+        require(self.timeout_s > 0, "timeout_s", f"must be > 0, got {self.timeout_s}")
+        for key in ("cpu_s", "memory_mb", "file_mb"):
+            require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
 
 
 @dataclass(frozen=True)
@@ -542,6 +594,7 @@ class GyreConfig:
     sim: SimConfig = param(SimConfig(), "Simulator: compared policies, steps, cell physics.")
     proxy: ProxyConfig = param(ProxyConfig(), "The proxy agents call: routing, TITO recording, moves.")
     agent: AgentConfig = param(AgentConfig(), "Synthetic agent workload of live runs (harness).")
+    grader: GraderConfig = param(GraderConfig(), "Grading of plugin agents' runs: hidden tests or a grader plugin.")
     slurm: SlurmConfig = param(SlurmConfig(), "The sbatch job: partition, time limit, preemption signal, exports.")
 
 

@@ -68,3 +68,7 @@ class CheckpointError(GyreError):
 
 class SlurmEnvError(GyreError):
     """A SLURM environment variable is malformed or contradicts another (the message names the variable)."""
+
+
+class TaskError(GyreError):
+    """A repository-repair task directory is malformed (the message names the task and the file)."""

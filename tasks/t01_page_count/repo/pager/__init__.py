@@ -1,0 +1,1 @@
+"""pager: see pages.py."""

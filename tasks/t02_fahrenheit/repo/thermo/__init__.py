@@ -1,0 +1,1 @@
+"""thermo: see convert.py."""

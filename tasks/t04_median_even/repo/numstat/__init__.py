@@ -1,0 +1,1 @@
+"""numstat: see stats.py."""

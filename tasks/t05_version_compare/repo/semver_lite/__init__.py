@@ -1,0 +1,1 @@
+"""semver_lite: see versions.py."""

@@ -1,0 +1,1 @@
+"""slugs: see slug.py."""

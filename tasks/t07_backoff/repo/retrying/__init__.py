@@ -1,0 +1,1 @@
+"""retrying: see backoff.py."""

@@ -1,0 +1,1 @@
+"""wordfreq: see count.py."""

@@ -1,0 +1,1 @@
+"""bsearch: see search.py."""

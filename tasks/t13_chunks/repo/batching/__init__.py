@@ -1,0 +1,1 @@
+"""batching: see chunk.py."""

@@ -1,0 +1,1 @@
+"""envcfg: see flags.py."""

@@ -1,0 +1,1 @@
+"""calendar_utils: see leap.py."""

@@ -1,0 +1,1 @@
+"""uniq: see dedupe.py."""

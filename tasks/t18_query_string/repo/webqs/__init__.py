@@ -1,0 +1,1 @@
+"""webqs: see query.py."""

@@ -1,0 +1,1 @@
+"""textutil: see trunc.py."""

@@ -1,0 +1,1 @@
+"""cfgtree: see paths.py."""
