@@ -129,6 +129,8 @@ def _run(argv: list[str], ws: Path, out: Path, cfg: GraderConfig, isolation: str
     tail = log.decode(errors="replace")[-600:].strip()
     if proc.returncode == SANDBOX_FAILED and isolation != "none":
         return Grade.failure(f"the sandbox could not be made: {tail}", isolation)
+    if proc.returncode == 5:
+        return Grade.failure(f"the hidden tests collected nothing: {tail}", isolation)
     if proc.returncode not in (0, 1, 2):  # 3 internal error, 4 usage, 5 nothing collected, <0 a signal
         return Grade.failure(f"pytest exited {proc.returncode}: {tail}", isolation)
     return _score(out / "report.xml", tail, isolation)

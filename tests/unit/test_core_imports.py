@@ -12,6 +12,7 @@ EDGE_PREFIXES = (
     "gyre_hpc.report", "gyre_hpc.serving", "gyre_hpc.cli", "gyre_hpc.slurm.submit", "gyre_hpc.trajectory.collate",
     "gyre_hpc.allocator.mpi_transport", "gyre_hpc.allocator.server", "gyre_hpc.runtime",
     "gyre_hpc.agents.harness", "gyre_hpc.agents.closed_loop",
+    "gyre_hpc.agents.grader", "gyre_hpc.agents.plugins", "gyre_hpc.agents.task_check", "gyre_hpc.agents.sandbox_launch",
 )
 BLOCKED = ("torch", "megatron", "mpi4py", "sglang", "mooncake", "submitit", "matplotlib", "tqdm")
 
