@@ -21,6 +21,7 @@ setup(
         "engine": ENGINE,
         "mpi": MPI,
         "slurm": SLURM,
+        "tasks": ["pytest>=8", "pytest-timeout>=2.2"],  # the hidden-test grader (gyre tasks check, plugin agents)
         "dev": TRAIN + TRANSFER + ENGINE + MPI + SLURM + ["pytest>=8", "pytest-timeout>=2.2"],
     },
     entry_points={"console_scripts": ["gyre=gyre_hpc.cli:main"]},

@@ -501,7 +501,8 @@ class AgentConfig:
 
 
 #: ``pkg.module:attr`` (dotted module path, a colon, a dotted attribute path).
-ENTRY_FORMAT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+ENTRY_FORMAT = re.compile(rf"^{_DOTTED}:{_DOTTED}$")
 
 
 def check_entry(value: str | None, key: str) -> None:

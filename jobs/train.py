@@ -73,6 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)  # fails here, before any process starts
+    _check_plugin_agent(cfg)
     if getattr(args, "dry_run", False):
         return _dry_run(cfg, args)
     if args.sync:
@@ -295,6 +296,18 @@ def _role(cfg, args: argparse.Namespace, run_dir: Path, transport, comm, preempt
         runner.run()
         preempted = runner.preempted
     return PREEMPTED_EXIT if preempted else 0
+
+
+def _check_plugin_agent(cfg) -> None:
+    """A plugin agent's entries are imported now (errors name the key); the live run plays only the synthetic agent
+    until the proxy serves the OpenAI endpoint (the hook point is in gyre_hpc/agents/plugins.py, docs/agents.md)."""
+    if cfg.agent.kind == "synthetic":
+        return
+    from gyre_hpc.agents.plugins import load_plugins
+
+    load_plugins(cfg.agent, cfg.grader)
+    raise ConfigError(f"agent.kind: {cfg.agent.kind!r} agents are not wired into gyre train yet: they need the "
+                      f"proxy's OpenAI endpoint (docs/agents.md); use agent.kind synthetic")
 
 
 def _check_placement(cfg) -> None:

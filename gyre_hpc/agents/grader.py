@@ -76,6 +76,8 @@ def grade_hidden_tests(task: RepoTask, workspace: str | Path, cfg: GraderConfig)
     if cfg.isolation == "required" and not isolate:
         return Grade.failure("grader.isolation is required, but no sandbox can be made here (needs root and "
                              "unshare with mount and network namespaces)")
+    if importlib.util.find_spec("pytest") is None:
+        return Grade.failure("pytest is not installed here (pip install 'gyre_hpc[tasks]')")
     stage = Path(tempfile.mkdtemp(prefix=f"gyre-grade-{task.name}-"))
     try:
         ws, hidden, out = _stage(task, Path(workspace), stage)

@@ -1,5 +1,7 @@
 """Agent and grader plugins: loading with errors that name the key, running python/command agents, grading."""
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -79,8 +81,8 @@ def test_crashing_and_hanging_agents_end_crashed_or_timeout_and_are_scored_parti
         result = run_agent(plugins, task, URL, KEY, workspace, timeout_s=0.5)
         assert result.status == status
         assert run_status(result, grade_run(plugins, task, workspace)) is RunStatus.TIMEOUT_PARTIAL
-    assert "the harness crashed" in run_agent(plugins_for("agent.kind=python", "agent.entry=agent_plugins:crashing_agent"),
-                                              task, URL, KEY, workspace, timeout_s=5).detail
+    crashing = plugins_for("agent.kind=python", "agent.entry=agent_plugins:crashing_agent")
+    assert "the harness crashed" in run_agent(crashing, task, URL, KEY, workspace, timeout_s=5).detail
 
 
 def test_command_agent_runs_in_the_workspace_with_only_the_run_variables(task, workspace, monkeypatch):
@@ -125,3 +127,15 @@ def test_grader_plugin_that_fails_is_an_eval_failure_not_a_zero(task, workspace,
     finished = run_agent(plugins_for("agent.kind=python", "agent.entry=agent_plugins:fixing_agent"), task, URL, KEY,
                          workspace, timeout_s=30)
     assert run_status(finished, grade) is RunStatus.EVAL_FAILURE
+
+
+def test_gyre_train_imports_the_agent_entry_before_starting_anything(tmp_path):
+    root = TASKS.parent
+    cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(root / "configs" / "local.yaml"), "--dry-run",
+           "--set", "agent.kind=python", "--set", "agent.entry=no_such_pkg.mod:run", "--set", "agent.tasks_dir=tasks",
+           "--set", f"run.out_dir={tmp_path}"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(DOUBLES.parent)])}
+    out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "agent.entry: cannot import 'no_such_pkg.mod' (ModuleNotFoundError" in out.stderr
+    assert not any(tmp_path.iterdir())

@@ -61,4 +61,5 @@ def test_workspace_is_a_fresh_copy_of_the_repo_without_hidden_tests_or_patch(tmp
     assert HIDDEN_TESTS not in names and PATCH_FILE not in names and "test_hidden.py" not in names
     assert task.hidden_tests.read_text() not in "".join(p.read_text() for p in first.rglob("*.py"))
     (first / "semver_lite" / "versions.py").write_text("broken")
-    assert (second / "semver_lite" / "versions.py").read_text() == (task.repo / "semver_lite" / "versions.py").read_text()
+    original = (task.repo / "semver_lite" / "versions.py").read_text()
+    assert (second / "semver_lite" / "versions.py").read_text() == original
