@@ -534,7 +534,7 @@ class GraderConfig:
     memory_mb: int = param(2048, "RLIMIT_AS of the hidden-test process, in MiB.")
     file_mb: int = param(64, "RLIMIT_FSIZE: the largest file the hidden-test process may write, in MiB.")
     isolation: Literal["auto", "required", "off"] = param(
-        "auto", "Sandbox of the hidden tests (no network, read-only filesystem outside the workspace, uid nobody): "
+        "auto", "Sandbox of the hidden tests (no network, read-only filesystem outside the workspace, no capabilities): "
                 "auto = when root with unshare, required = refuse to grade without it, off = never.")
 
     def check(self) -> None:
