@@ -81,3 +81,15 @@ def test_writing_several_files_replaces_none_when_one_fails(tmp_path):
         atomic_write_many({a: b"new a", b: "not bytes"})
     assert (a.read_bytes(), b.read_bytes()) == (b"old a", b"old b")
     assert sorted(os.listdir(tmp_path)) == ["batch.npz", "report.json"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--queries", 0], "n_queries (--queries) must be >= 1, got 0"),
+    (["--runs", -1], "runs_per_query (--runs) must be >= 1, got -1"),
+    (["--retry-prob", 2], "retry_prob (--retry-prob) must be in [0, 1], got 2.0"),
+    (["--turns", 5, 2], "turns (--turns) must be MIN MAX with 1 <= MIN <= MAX, got (5, 2)"),
+])
+def test_synth_refuses_knobs_out_of_range_and_writes_nothing(tmp_path, capsys, args, needle):
+    rc, err, out = gyre(capsys, "synth", "--out", tmp_path / "log.jsonl", *args)
+    assert rc == 2 and out == "" and len(err) == 1 and needle in err[0]
+    assert os.listdir(tmp_path) == []
