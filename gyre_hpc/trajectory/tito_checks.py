@@ -29,12 +29,20 @@ def fields(rec: dict, spec: dict, optional: dict, what: str) -> list[str]:
         v = rec.get(k)
         if k in rec and (not isinstance(v, tp) or isinstance(v, bool)):
             errs.append(f"{what}: field {k!r} has the wrong type ({type(v).__name__}: {v!r:.40})")
-        elif isinstance(v, float) and not math.isfinite(v):
-            errs.append(f"{what}: field {k!r} must be a finite number, got {v!r}")
+        elif isinstance(v, (int, float)) and not _finite(v):
+            errs.append(f"{what}: field {k!r} must be a finite number, got {v!r:.40}")
     unknown = sorted(set(rec) - set(spec) - set(optional) - {"type"})
     if unknown:
         errs.append(f"{what}: unknown field(s) {', '.join(unknown)}")
     return errs
+
+
+def _finite(v: int | float) -> bool:
+    """Finite as a float (an integer too large for a float is not)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def ids(values: list, name: str, vocab_size: int | None) -> tuple[np.ndarray, list[str]]:

@@ -69,6 +69,12 @@ def test_non_finite_call_times_are_rejected_naming_the_field(tmp_path, field, li
                                      f"{float(literal)!r}")]
 
 
+def test_an_integer_time_too_large_for_a_float_is_rejected(tmp_path):
+    huge = 10 ** 400
+    [(line, msg)] = problems_of(log_file(tmp_path, call(t_end=huge), OUTCOME))
+    assert line == 1 and msg.startswith("call c0 of run q0-r0: field 't_end' must be a finite number, got 1000")
+
+
 def test_non_finite_outcome_time_and_score_are_rejected(tmp_path):
     text = json.dumps({**OUTCOME, "t_end": 1.5, "score": 0.25}).replace("1.5", "NaN").replace("0.25", "Infinity")
     path = log_file(tmp_path, call(), raw=text.encode() + b"\n")
