@@ -3,6 +3,7 @@
 Each job module defines ``DESCRIPTION`` (the ``--help`` text), ``add_arguments(parser)``
 and ``run(args) -> int``. Job modules are imported only when their subcommand runs, so ``gyre --help`` stays
 fast and never imports torch. A ``GyreError`` becomes one line on stderr and exit status 2.
+Third-party log noise is silenced unless ``--verbose`` (``gyre_hpc/quiet.py``).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import argparse
 import importlib
 import sys
 
+from gyre_hpc import quiet
 from gyre_hpc.errors import GyreError
 
 #: subcommand → job module. Order is the order ``gyre --help`` lists them.
@@ -34,6 +36,10 @@ _HELP = {
 }
 
 
+#: commands whose processes print third-party logs: they take ``--verbose`` (gyre_hpc/quiet.py)
+VERBOSE_COMMANDS = ("train", "submit", "sweep")
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gyre",
@@ -54,6 +60,9 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         module.add_arguments(p)
+        if name in VERBOSE_COMMANDS:
+            p.add_argument("--verbose", action="store_true", help="show third-party log noise (silenced by "
+                           "default; the setting reaches every child process through GYRE_VERBOSE=1)")
         p.set_defaults(_run=module.run)
     return parser
 
@@ -62,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    quiet.configure(getattr(args, "verbose", False))
     try:
         return int(args._run(args) or 0)
     except GyreError as exc:

@@ -81,3 +81,28 @@ def make_run_dir(out_dir: str | Path, name: str) -> Path:
         except FileExistsError:
             n += 1
             path = base.with_name(f"{base.name}-{n}")
+
+
+def atomic_write_many(files: dict[str | Path, bytes]) -> list[Path]:
+    """Write several files, none of them replaced unless every one was written in full: all go to temporary
+    siblings first, then each is renamed into place (an error while writing leaves the old files and no temp)."""
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, data in files.items():
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
+            staged.append((tmp, path))
+            os.fchmod(fd, 0o666 & ~_umask())
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        for tmp, path in staged:
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp, _ in staged:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        raise
+    return [path for _, path in staged]

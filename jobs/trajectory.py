@@ -3,16 +3,23 @@
 Reads a TITO log (docs/tito.md), builds each run's prefix tree, applies J_max and scoring, and either prints
 counts (``stats``) or writes training samples (``pack``, format in docs/trajectories.md). ``synth`` writes a
 synthetic branching log for tests and benchmarks.
+
+Every failure is one line on stderr (what, where, what to do) and exit status 2, with nothing written: a bad
+log (the first problems with ``file:line``, and how many more), an empty log, a pack with no run that trains,
+an output that cannot be written. Outputs go to temporary siblings and are renamed into place.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
+from typing import Iterator
 
 from gyre_hpc.config import load_config
+from gyre_hpc.errors import TrajectoryError
 from gyre_hpc.trajectory.pipeline import STATS_KEYS, build_batch, plan, save_packed
-from gyre_hpc.trajectory.records import read_tito, write_tito
+from gyre_hpc.trajectory.records import TitoFormatError, TitoLog, read_tito, write_tito
 from gyre_hpc.trajectory.synth import DEFAULTS, KNOB_DOCS, synth_log
 from jobs import add_overrides
 
@@ -68,15 +75,38 @@ def _trajectory_config(args: argparse.Namespace):
     return load_config(args.config, overrides).trajectory
 
 
+def _read(path: str, vocab_size: int | None, action: str) -> TitoLog:
+    """The log at ``path``, or a one-line ``TrajectoryError`` (bad lines, no records at all)."""
+    try:
+        log = read_tito(path, vocab_size=vocab_size)
+    except TitoFormatError as exc:
+        raise TrajectoryError(exc.one_line()) from None
+    if not log.calls and not log.outcomes:
+        raise TrajectoryError(f"{path}: no TITO records (the file is empty); nothing to {action}: give a log the "
+                              "proxy wrote (RUN_DIR/tito/*.jsonl) or one from `gyre trajectory synth`")
+    return log
+
+
+@contextlib.contextmanager
+def _writing(out: str) -> Iterator[None]:
+    """An ``OSError`` while writing ``out`` becomes a one-line ``TrajectoryError``."""
+    try:
+        yield
+    except OSError as exc:
+        raise TrajectoryError(f"{out}: cannot write ({exc.strerror or exc}); nothing was written: "
+                              "choose a writable --out") from None
+
+
 def run(args: argparse.Namespace) -> int:
     if args.action == "synth":
         knobs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in vars(args).items() if k in DEFAULTS}
         log = synth_log(args.queries, args.runs, seed=args.seed, **knobs)
-        write_tito(args.out, log.calls, log.outcomes)
+        with _writing(args.out):
+            write_tito(args.out, log.calls, log.outcomes)
         print(f"wrote {args.out}: {len(log.outcomes)} runs, {len(log.calls)} calls")
         return 0
     cfg = _trajectory_config(args)
-    log = read_tito(args.file, vocab_size=cfg.vocab_size)
+    log = _read(args.file, cfg.vocab_size, "count" if args.action == "stats" else "pack")
     if args.action == "stats":
         report = plan(log, cfg).report
         if args.json:
@@ -93,7 +123,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"{key:<20} {value}")
         return 0
     batch, report = build_batch(log, cfg, args.mode)
-    save_packed(Path(args.out), batch, report)
+    if batch.tokens == 0:
+        raise TrajectoryError(
+            f"{args.file}: no run trains ({report.runs} runs: {report.eval_failures} eval_failure, "
+            f"{report.timeout_unscorable} timeout_unscorable, {report.aborted} aborted, {report.groups_dropped} "
+            f"group(s) with equal scores); nothing written to {args.out}: `gyre trajectory stats` shows why")
+    with _writing(args.out):
+        save_packed(Path(args.out), batch, report)
     print(f"wrote {args.out}: {batch.shape[0]} rows x {batch.shape[1]}, {batch.tokens} tokens, "
           f"{batch.trained_tokens} trained")
     return 0

@@ -23,6 +23,9 @@ import statistics
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from gyre_hpc.errors import GyreError
+from gyre_hpc.jsonl import read_objects
+
 R2T_PARTS = ("drain_s", "engine_stop_s", "engine_sleep_s", "trainer_init_s", "weight_pull_s", "total_s")
 T2R_PARTS = ("engine_start_s", "engine_wake_s", "register_s", "total_s")
 
@@ -92,7 +95,7 @@ def reward_curve(run_dir: Path) -> list[float | None]:
     path = Path(run_dir, "metrics.jsonl")
     if not path.exists():
         return []
-    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    recs = [rec for _, rec in read_objects(path, GyreError, torn_tail=True, what="metrics")]
     return [r.get("reward") for r in sorted(recs, key=lambda r: r["version"])]
 
 

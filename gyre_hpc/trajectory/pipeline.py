@@ -34,7 +34,7 @@ import numpy as np
 from gyre_hpc.config import TrajectoryConfig
 from gyre_hpc.errors import TrajectoryError
 from gyre_hpc.trajectory.advantages import group_advantages
-from gyre_hpc.io import atomic_write_bytes, atomic_write_text
+from gyre_hpc.io import atomic_write_many
 from gyre_hpc.trajectory.batch import FIELDS, PackedBatch
 from gyre_hpc.trajectory.branches import classify
 from gyre_hpc.trajectory.packing import RunItem, pack_flat, pack_tree
@@ -160,12 +160,13 @@ def build_batch(log: TitoLog, cfg: TrajectoryConfig,
 
 
 def save_packed(out_dir: str | Path, batch: PackedBatch, report: BatchReport) -> Path:
-    """Write ``batch.npz`` (the PackedBatch arrays) and ``report.json`` into ``out_dir``, each atomically."""
+    """Write ``batch.npz`` (the PackedBatch arrays) and ``report.json`` into ``out_dir``: both are written to
+    temporary siblings before either is renamed into place, so a failure leaves neither half-written."""
     out = Path(out_dir)
     buf = io.BytesIO()
     np.savez(buf, lengths=batch.lengths, **{k: getattr(batch, k) for k in FIELDS})
-    atomic_write_bytes(out / "batch.npz", buf.getvalue())
-    atomic_write_text(out / "report.json", json.dumps(report.to_dict(), indent=1) + "\n")
+    atomic_write_many({out / "batch.npz": buf.getvalue(),
+                       out / "report.json": (json.dumps(report.to_dict(), indent=1) + "\n").encode()})
     return out
 
 

@@ -15,6 +15,12 @@ Invariants
   fields, negative or out-of-vocabulary ids, logprob/output length mismatch, bad version spans, an empty input,
   duplicate call ids within a run, duplicate outcomes, a query id that disagrees with the run's, a run with calls
   but no outcome) and raises one ``TitoFormatError`` listing each as ``file:line: message``.
+- Lines are read by the one JSONL reader (``gyre_hpc.jsonl``): they end at ``\n`` only (U+2028, U+2029 and
+  U+0085 inside strings are content), and a line that is not UTF-8 is a problem of that line, like bad JSON.
+- Token ids are JSON integers (``true`` is not 1), logprobs are numbers (``"-0.1"`` is not), and every number
+  is finite (``NaN`` and ``Infinity`` are rejected naming the field).
+- An empty file reads as an empty log (a group whose runs made no call flushes one); commands that need records
+  refuse it themselves (``jobs/trajectory.py``).
 - A score is in [0, 1] and present exactly for ``scored`` and ``timeout_partial``; the other statuses carry
   ``null``, so an evaluation failure can never be read as a score of 0.
 - Calls keep file order (the order the proxy finished them); ``write_tito`` writes atomically and
@@ -34,8 +40,9 @@ import numpy as np
 
 from gyre_hpc.errors import TrajectoryError
 from gyre_hpc.io import atomic_write_text
+from gyre_hpc.jsonl import scan
 from gyre_hpc.trajectory.tito_checks import (CALL_FIELDS, OUTCOME_FIELDS, OUTCOME_OPTIONAL, cross_check,
-                                                fields, header, ids, version_spans)
+                                                fields, header, ids, logprobs, version_spans)
 
 
 class RunStatus(str, enum.Enum):
@@ -120,6 +127,14 @@ class TitoFormatError(TrajectoryError):
         listed = "\n".join(f"  {source}:{line}: {msg}" for line, msg in self.problems)
         super().__init__(f"{source}: {len(self.problems)} problem(s), no samples were produced:\n{listed}")
 
+    def one_line(self, shown: int = 2) -> str:
+        """The first ``shown`` problems and the count of the rest, on one line (the command line's message)."""
+        rows = [f"{self.source}:{line}: {msg}".replace("\n", "\\n") for line, msg in self.problems[:shown]]
+        first = "; ".join(rows)
+        more = len(self.problems) - shown
+        rest = f" (and {more} more problem(s))" if more > 0 else ""
+        return f"{first}{rest}; nothing was read: fix the log (format: docs/tito.md)"
+
 
 def _parse_call(rec: dict, line: int, vocab_size: int | None) -> tuple[Call | None, list[str]]:
     what = f"call {rec.get('call_id', '?')} of run {rec.get('run_id', '?')}"
@@ -131,18 +146,9 @@ def _parse_call(rec: dict, line: int, vocab_size: int | None) -> tuple[Call | No
     errs = [f"{what}: {e}" for e in e1 + e2]
     if not e1 and inp.size == 0:
         errs.append(f"{what}: input_ids is empty (the first token of a path has nothing to be predicted from)")
-    lp = rec["output_logprobs"]
-    if len(lp) != len(rec["output_ids"]):
-        errs.append(f"{what}: output_logprobs has {len(lp)} entries, output_ids has {len(rec['output_ids'])}")
-    else:
-        try:
-            lp = np.asarray(lp, dtype=np.float64).reshape(len(lp))
-            if not np.all(np.isfinite(lp)) or np.any(lp > 1e-6):
-                errs.append(f"{what}: output_logprobs must be finite and <= 0")
-        except (ValueError, TypeError):
-            errs.append(f"{what}: output_logprobs is not a flat list of numbers")
-    versions, e3 = version_spans(rec["version_spans"], len(rec["output_ids"]))
-    errs += [f"{what}: {e}" for e in e3]
+    lp, e3 = logprobs(rec["output_logprobs"], len(rec["output_ids"]))
+    versions, e4 = version_spans(rec["version_spans"], len(rec["output_ids"]))
+    errs += [f"{what}: {e}" for e in e3 + e4]
     if rec["t_end"] < rec["t_start"]:
         errs.append(f"{what}: t_end {rec['t_end']} is before t_start {rec['t_start']}")
     if errs:
@@ -172,18 +178,11 @@ def _parse_outcome(rec: dict, line: int) -> tuple[Outcome | None, list[str]]:
 def read_tito(path: str | Path, vocab_size: int | None = None) -> TitoLog:
     """Read and validate a TITO JSONL file; raise ``TitoFormatError`` listing every problem."""
     source = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise TrajectoryError(f"{source}: cannot read TITO log ({exc.strerror})") from None
     calls, outcomes, problems, headers = [], [], [], []
-    for line, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            rec = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            problems.append((line, f"invalid JSON ({exc.msg} at column {exc.colno})"))
+    for parsed in scan(path, TrajectoryError, what="TITO log"):
+        line, rec = parsed.number, parsed.value
+        if parsed.problem:
+            problems.append((line, parsed.problem))
             continue
         headers += [h for h in [header(rec, line)] if h]
         kind = rec.get("type") if isinstance(rec, dict) else None

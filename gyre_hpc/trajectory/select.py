@@ -13,9 +13,19 @@ Rules (``trajectory.selection``):
 - ``final_then_longest``: the final path, then the others by generated tokens on the path (ties: most recent).
 - ``longest``: all paths by generated tokens on the path (ties: most recent).
 
+"Recent" and "latest" are ``RunTree.leaf_recency`` (tree.py): record order of the most recent call on the path,
+ties (a call re-sent as a prefix of several paths) going to the path whose own call is latest. So when the final
+call lies on several paths, its path is the latest of them, and at ``j_max = 1`` that one is kept; token ids
+never break a tie::
+
+    c0: s q | a b      c2 re-sends "s q a", a prefix of both paths; J_max = 1 keeps c1's path
+    c1: s q | a x      (latest own call), even where "a x" sorts before "a b"
+    c2: s q | a        (final)
+
 Invariants
 - At most ``j_max`` paths are kept (all when ``j_max`` is None); kept + dropped = all leaves, disjoint.
-- Under the ``final_*`` rules the final call's path is always kept; the order is deterministic.
+- Under the ``final_*`` rules the final call's path is always kept; the order is deterministic and total.
+- A tie in recency is impossible: the latest path wins every tie that the rule's own keys leave open.
 """
 from __future__ import annotations
 
@@ -37,7 +47,7 @@ def generated_per_leaf(tree: RunTree) -> np.ndarray:
 def rank_leaves(tree: RunTree, rule: Rule) -> list[int]:
     """All leaves, most wanted first."""
     leaves = np.arange(tree.n_leaves)
-    recency = -tree.leaf_last_call
+    recency = -tree.leaf_recency
     final = int(tree.call_leaf[-1])
     not_final = (leaves != final).astype(np.int64)
     if rule == "final_then_recent":

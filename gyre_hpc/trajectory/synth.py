@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gyre_hpc.errors import TrajectoryError
 from gyre_hpc.trajectory.records import Call, Outcome, RunStatus, TitoLog
 
 
@@ -139,6 +140,31 @@ KNOB_DOCS = dict(
     version_change_prob="chance a call's output switches to version + 1 midway")
 
 
+class SynthKnobError(TrajectoryError, ValueError):
+    """A knob of ``synth_log`` out of range (the message names the knob and its command-line flag)."""
+
+
+def _check(n_queries: int, runs_per_query: int, k: dict) -> None:
+    def bad(name: str, rule: str, value) -> SynthKnobError:
+        flag = {"n_queries": "queries", "runs_per_query": "runs"}.get(name, name).replace("_", "-")
+        return SynthKnobError(f"synth_log: {name} (--{flag}) must be {rule}, got {value!r}")
+
+    lows = {"n_queries": (n_queries, 1), "runs_per_query": (runs_per_query, 1), "system_len": (k["system_len"], 1),
+            "task_len": (k["task_len"], 1), "vocab_size": (k["vocab_size"], 16), "score_levels": (k["score_levels"], 1),
+            "version": (k["version"], 0)}
+    for name, (value, low) in lows.items():
+        if value < low:
+            why = " (distinct context openings need room)" if name == "vocab_size" else ""
+            raise bad(name, f">= {low}{why}", value)
+    for name in ("turns", "output_len", "tool_len", "subagent_turns"):
+        lo, hi = k[name]
+        if not 1 <= lo <= hi:
+            raise bad(name, "MIN MAX with 1 <= MIN <= MAX", (lo, hi))
+    for name, value in k.items():
+        if name.endswith(("_prob", "_rate", "_frac")) and not 0.0 <= value <= 1.0:
+            raise bad(name, "in [0, 1]", value)
+
+
 def synth_log(n_queries: int, runs_per_query: int, *, seed: int, **knobs) -> TitoLog:
     """A branching TITO log; knobs (see ``DEFAULTS``) control sizes, branch and outcome rates."""
     return synth_with_kinds(n_queries, runs_per_query, seed=seed, **knobs)[0]
@@ -151,10 +177,7 @@ def synth_with_kinds(n_queries: int, runs_per_query: int, *, seed: int,
     if unknown:
         raise TypeError(f"synth_log: unknown knob(s) {', '.join(unknown)}; valid: {', '.join(DEFAULTS)}")
     k = {**DEFAULTS, **knobs}
-    if k["system_len"] < 1 or k["task_len"] < 1 or k["tool_len"][0] < 1 or k["output_len"][0] < 1:
-        raise ValueError("synth_log: system_len, task_len, tool_len and output_len must be >= 1")
-    if k["vocab_size"] < 16:
-        raise ValueError("synth_log: vocab_size must be >= 16 (distinct context openings need room)")
+    _check(n_queries, runs_per_query, k)
     rng = np.random.default_rng(seed)
     system = rng.integers(0, k["vocab_size"], k["system_len"], dtype=np.int64)
     calls, outcomes, kinds = [], [], {}

@@ -2,9 +2,14 @@
 
 Invariants
 - A check never raises on malformed input; it returns a message naming the field (and the index for ids).
+- JSON ``true``/``false`` is never a number: not a token id, a logprob, a time or a score (Python's ``bool`` is
+  an ``int``, so each check looks at the exact type). Strings are never numbers either.
+- Number fields are finite: ``NaN`` and ``Infinity`` (which Python's ``json`` accepts) are rejected by name.
 """
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 import numpy as np
@@ -18,27 +23,37 @@ OUTCOME_OPTIONAL = {"detail": str}
 
 
 def fields(rec: dict, spec: dict, optional: dict, what: str) -> list[str]:
-    """Missing, mistyped (a bool is not a number) and unknown fields."""
+    """Missing, mistyped (a bool is not a number), non-finite (NaN, Infinity) and unknown fields."""
     errs = [f"{what}: missing field {k!r}" for k in spec if k not in rec]
     for k, tp in {**spec, **optional}.items():
         v = rec.get(k)
         if k in rec and (not isinstance(v, tp) or isinstance(v, bool)):
             errs.append(f"{what}: field {k!r} has the wrong type ({type(v).__name__}: {v!r:.40})")
+        elif isinstance(v, (int, float)) and not _finite(v):
+            errs.append(f"{what}: field {k!r} must be a finite number, got {v!r:.40}")
     unknown = sorted(set(rec) - set(spec) - set(optional) - {"type"})
     if unknown:
         errs.append(f"{what}: unknown field(s) {', '.join(unknown)}")
     return errs
 
 
+def _finite(v: int | float) -> bool:
+    """Finite as a float (an integer too large for a float is not)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
 def ids(values: list, name: str, vocab_size: int | None) -> tuple[np.ndarray, list[str]]:
     """Token ids as int64, and what is wrong with them (not integers, negative, out of vocabulary)."""
+    bad = _first_not(values, (int,))
+    if bad is not None:
+        return np.zeros(0, np.int64), [f"{name} is not a flat list of integers ({name}{bad})"]
     try:
-        arr = np.asarray(values) if values else np.zeros(0, np.int64)
+        arr = np.asarray(values, np.int64) if values else np.zeros(0, np.int64)
     except (ValueError, OverflowError):
-        return np.zeros(0, np.int64), [f"{name} is not a flat list of integers"]
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        return np.zeros(0, np.int64), [f"{name} is not a flat list of integers"]
-    arr = arr.astype(np.int64)
+        return np.zeros(0, np.int64), [f"{name} is not a flat list of integers (an id does not fit in 64 bits)"]
     errs = []
     if arr.size and arr.min() < 0:
         errs.append(f"{name} has a negative id ({int(arr.min())}) at index {int(np.argmax(arr < 0))}")
@@ -46,6 +61,29 @@ def ids(values: list, name: str, vocab_size: int | None) -> tuple[np.ndarray, li
         bad = int(np.argmax(arr >= vocab_size))
         errs.append(f"{name} has id {int(arr[bad])} at index {bad}, outside the vocabulary (size {vocab_size})")
     return arr, errs
+
+
+def logprobs(values: list, n_out: int) -> tuple[np.ndarray, list[str]]:
+    """Output logprobs as float64: one per output token, numbers (not strings, not bools), finite and <= 0."""
+    if len(values) != n_out:
+        return np.zeros(0), [f"output_logprobs has {len(values)} entries, output_ids has {n_out}"]
+    bad = _first_not(values, (int, float))
+    if bad is not None:
+        return np.zeros(0), [f"output_logprobs is not a flat list of numbers (output_logprobs{bad})"]
+    arr = np.asarray(values, np.float64).reshape(n_out)
+    if not np.all(np.isfinite(arr)) or np.any(arr > 1e-6):
+        return np.zeros(0), ["output_logprobs must be finite and <= 0"]
+    return arr, []
+
+
+def _first_not(values: list, types: tuple[type, ...]) -> str | None:
+    """``"[i] is <json> (a <kind>)"`` for the first value whose exact type is not one of ``types``, else None."""
+    if set(map(type, values)) <= set(types):  # one pass in C; the loop below runs only for a bad list
+        return None
+    i, v = next((i, v) for i, v in enumerate(values) if type(v) not in types)
+    kind = {bool: "a boolean", str: "a string", list: "a list", dict: "an object", float: "a fraction",
+            type(None): "null"}.get(type(v), type(v).__name__)
+    return f"[{i}] is {json.dumps(v)[:24]}, {kind}"
 
 
 def version_spans(spans: list, n_out: int) -> tuple[np.ndarray, list[str]]:

@@ -18,6 +18,15 @@ Invariants
   (depth 0) is never generated because every call has a non-empty input.
 - When several calls generated the same node (identical retry outputs, an output later re-sent as input is the
   same node), its logprob and version come from the first of them in file order.
+- Recency is record order (file order: the proxy appends a call when it finishes; timestamps are never
+  compared). A call lies on every path its sequence is a prefix of, and counts for each one's
+  ``leaf_last_call``. Leaves are ordered by ``leaf_last_call``, ties by ``leaf_own_call`` (the latest call whose
+  sequence is the leaf itself; no two leaves share one, so the order is total): ``leaf_recency``. A call that
+  lies on several paths belongs to the latest of them (``call_leaf``), whatever their token order::
+
+      c0: s q | a b     leaves A (s q a b, own c0) and B (s q a x, own c1); c2 lies on both, so
+      c1: s q | a x     leaf_last_call = [2, 2], the tie goes to B (own call 1 > 0): call_leaf[2] = B
+      c2: s q | a
 - Arrays are in pre-order: ``parent[i] < i``, ``depth[i] == depth[parent[i]] + 1``, and the subtree of ``i`` is
   exactly the positions ``i..span_end[i]``.
 
@@ -62,11 +71,20 @@ class RunTree:
     leaf_len: np.ndarray  # int64 [S]: path length of leaf i
     leaf_pieces: tuple[tuple[tuple[int, int, int], ...], ...]  # per leaf: (start depth, first node, end depth)
     leaf_last_call: np.ndarray  # int64 [S]: largest file index of a call that lies on leaf i's path
-    call_leaf: np.ndarray  # int64 [C]: the leaf whose path contains call c's sequence
+    call_leaf: np.ndarray  # int64 [C]: the latest leaf whose path contains call c's sequence (tie rule above)
     call_rank: np.ndarray  # int64 [C]: position of call c in lexicographic order
     sorted_lcp: np.ndarray  # int64 [C]: LCP of sorted neighbours k-1, k (0 at k=0)
     call_len: np.ndarray  # int64 [C]
     call_in_len: np.ndarray  # int64 [C]
+    leaf_own_call: np.ndarray  # int64 [S]: largest file index of a call whose sequence is exactly leaf i
+
+    @property
+    def leaf_recency(self) -> np.ndarray:
+        """Rank of each leaf from the oldest (0) to the latest (S-1): by ``leaf_last_call``, ties by
+        ``leaf_own_call`` (a total order: no two leaves share an own call)."""
+        rank = np.empty(self.n_leaves, np.int64)
+        rank[np.lexsort((self.leaf_own_call, self.leaf_last_call))] = np.arange(self.n_leaves)
+        return rank
 
     @property
     def n_leaves(self) -> int:
@@ -170,18 +188,47 @@ def build_tree(calls: Sequence[Call]) -> RunTree:
     parent = np.arange(-1, n - 1, dtype=np.int32)
     seg_parent, pieces = _branch_parents(leaf_lcp, leaf_offset, leaf_len)
     parent[leaf_offset] = seg_parent
-    call_leaf = np.empty(len(seqs), np.int64)
-    call_leaf[order] = np.searchsorted(leaf_pos, np.arange(len(seqs)))
-    leaf_last = np.full(len(leaf_pos), -1, np.int64)
-    np.maximum.at(leaf_last, call_leaf, np.arange(len(seqs)))
+    first_leaf = np.empty(len(seqs), np.int64)
+    first_leaf[order] = np.searchsorted(leaf_pos, np.arange(len(seqs)))
     call_rank = np.empty(len(seqs), np.int64)
     call_rank[order] = np.arange(len(seqs))
+    call_leaf, leaf_last, leaf_own = _attribute(call_len, first_leaf, leaf_len, leaf_lcp)
     empty = TreeArrays(tokens, depth, parent, _span_ends(leaf_lcp, leaf_len, leaf_offset, n),
                        np.zeros(n, bool), np.zeros(n, np.float32), np.full(n, -1, np.int64))
     tree = RunTree(empty, np.full(n, -1, np.int32), leaf_call, leaf_len, tuple(pieces), leaf_last, call_leaf,
-                   call_rank, sorted_lcp, call_len, call_in_len)
+                   call_rank, sorted_lcp, call_len, call_in_len, leaf_own)
     _mark_generated(tree, calls)
     return tree
+
+
+def _attribute(call_len: np.ndarray, first_leaf: np.ndarray, leaf_len: np.ndarray,
+               leaf_lcp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(call_leaf, leaf_last_call, leaf_own_call). A call lies on leaf ``first_leaf`` and on each following leaf
+    while their LCP with it stays >= its length; on several, it counts for each one's ``leaf_last_call`` and
+    belongs to the latest of them."""
+    calls = np.arange(len(call_len))
+    n_leaves = len(leaf_len)
+    own = np.full(n_leaves, -1, np.int64)
+    is_own = call_len == leaf_len[first_leaf]  # the call's sequence is the leaf itself
+    np.maximum.at(own, first_leaf[is_own], calls[is_own])
+    last = own.copy()
+    nxt = np.minimum(first_leaf + 1, n_leaves - 1)
+    one = is_own | (first_leaf + 1 == n_leaves) | (leaf_lcp[nxt] < call_len)  # on its first leaf only
+    np.maximum.at(last, first_leaf[one], calls[one])
+    shared = []  # (call, first leaf, end leaf) of the calls on several (contiguous) leaves
+    for c in calls[~one].tolist():
+        lo = int(first_leaf[c])
+        below = np.flatnonzero(leaf_lcp[lo + 1:] < call_len[c])
+        hi = lo + 1 + int(below[0]) if len(below) else n_leaves
+        last[lo:hi] = np.maximum(last[lo:hi], c)
+        shared.append((c, lo, hi))
+    call_leaf = first_leaf.copy()
+    if shared:
+        recency = np.empty(n_leaves, np.int64)
+        recency[np.lexsort((own, last))] = np.arange(n_leaves)
+        for c, lo, hi in shared:
+            call_leaf[c] = lo + int(np.argmax(recency[lo:hi]))
+    return call_leaf, last, own
 
 
 def _mark_generated(tree: RunTree, calls: Sequence[Call]) -> None:

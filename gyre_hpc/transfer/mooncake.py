@@ -16,6 +16,9 @@ Invariants
   ``MC_TRANSFER_TIMEOUT``, ``MC_TCP_PROGRESS_TIMEOUT_SEC`` and ``MC_TCP_STATUS_TIMEOUT_SEC``), and
   ``transfer.log_level`` to ``MC_LOG_LEVEL``, before the engine starts: the config wins over the environment.
 - Engines are created in the constructor, so construct publishers and pullers after any fork (spawn).
+- An engine's start-up noise on stderr (glog's "Logging before InitGoogleLogging" and "Local segment descriptor
+  not found", logged at ERROR in P2P-handshake mode) is dropped unless ``--verbose`` (``gyre_hpc/quiet.py``);
+  every other line, failures included, still reaches stderr.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import os
 import numpy as np
 
 from gyre_hpc.errors import TransferError
+from gyre_hpc.quiet import MOONCAKE_NOISE, native_stderr_filtered
 from gyre_hpc.transfer.base import BufferPublisher, BufferPuller, describe_chunks
 
 
@@ -50,11 +54,13 @@ def start_engine(cfg):
         raise TransferError(f"transfer.backend=mooncake needs mooncake-transfer-engine-non-cuda and the "
                             f"libibverbs1 system package: {exc}") from None
     for attempt in range(_START_ATTEMPTS):
-        engine = TransferEngine()
-        if cfg.protocol == "rdma" and not rdma_devices(engine):
-            raise TransferError("transfer.protocol=rdma but Mooncake finds no RDMA device on this host (it would "
-                                "silently fall back to TCP); use transfer.protocol=tcp or fix the RDMA install")
-        rc = engine.initialize(cfg.host, "P2PHANDSHAKE", cfg.protocol, "")
+        with native_stderr_filtered(MOONCAKE_NOISE):  # its start-up lines are noise (gyre_hpc/quiet.py)
+            engine = TransferEngine()
+            if cfg.protocol == "rdma" and not rdma_devices(engine):
+                raise TransferError("transfer.protocol=rdma but Mooncake finds no RDMA device on this host (it "
+                                    "would silently fall back to TCP); use transfer.protocol=tcp or fix the RDMA "
+                                    "install")
+            rc = engine.initialize(cfg.host, "P2PHANDSHAKE", cfg.protocol, "")
         if rc != 0:
             raise TransferError(f"Mooncake engine failed to start on {cfg.host} ({cfg.protocol}), return code {rc}")
         if _listening(engine.get_rpc_port()):

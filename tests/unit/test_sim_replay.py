@@ -100,7 +100,7 @@ def test_same_run_directory_gives_the_same_prediction(colocate_run):
 @pytest.mark.parametrize("damage, message", [
     (lambda d: (d / "groups.jsonl").unlink(), r"groups.jsonl: missing"),
     (lambda d: (d / "groups.jsonl").write_text('{"gid": 0, "t_admit": 1.0}\n{oops\n'),
-     r"groups.jsonl:2: not valid JSON"),
+     r"groups.jsonl:2: invalid JSON"),
     (lambda d: (d / "groups.jsonl").write_text('{"gid": 0, "t_admit": 1, "trained_tokens": 5, '
                                                '"runs": [{"end_s": -1, "status": "scored"}]}\n'),
      r"groups.jsonl:1: end_s must be a number >= 0, got -1"),

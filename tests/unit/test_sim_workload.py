@@ -47,7 +47,7 @@ def test_trace_with_turn_costs_and_cycling(tmp_path):
 
 
 @pytest.mark.parametrize("line, message", [
-    ("{not json", "not valid JSON"),
+    ("{not json", "invalid JSON"),
     ('{"duration_s": 5, "tokens": 1}', "string or integer 'query'"),
     ('{"query": 1, "duration_s": -5, "tokens": 1}', "duration_s must be a number >= 0"),
     ('{"query": 1, "tokens": 1}', "needs prefill_tokens"),

@@ -53,6 +53,7 @@ from gyre_hpc.allocator.sim.compare import queries_needed, simulate_policy
 from gyre_hpc.allocator.sim.workload import Workload
 from gyre_hpc.config import GyreConfig, apply_overrides, build, read_yaml, to_dict
 from gyre_hpc.errors import ConfigError, GyreError, SchedulingError, WorkloadError
+from gyre_hpc.jsonl import read_objects
 
 UNBOUNDED = 1e12  # sim.half_load / kv_slots_per_cell: measured durations already hold the live load
 PULL_BYTES_PER_S = 1e9
@@ -76,18 +77,7 @@ def _jsonl(path: Path) -> list[tuple[int, dict]]:
     if not path.is_file():
         raise WorkloadError(f"{path}: missing (not a gyre train run directory, or one written before runs "
                             "recorded what the replay needs: rerun it)")
-    out = []
-    for n, line in enumerate(path.read_text().split("\n")[:-1], 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise WorkloadError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
-        if not isinstance(rec, dict):
-            raise WorkloadError(f"{path}:{n}: expected a JSON object, got {line[:60]!r}")
-        out.append((n, rec))
-    return out
+    return read_objects(path, WorkloadError, torn_tail=True, what="run record")
 
 
 def _num(rec: dict, key: str, where: str) -> float:

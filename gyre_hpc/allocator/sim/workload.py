@@ -41,6 +41,7 @@ import numpy as np
 
 from gyre_hpc.config import SimConfig, WorkloadConfig
 from gyre_hpc.errors import WorkloadError
+from gyre_hpc.jsonl import read_objects
 
 
 @dataclass(frozen=True)
@@ -127,15 +128,9 @@ def read_trace(path: str | Path, sim: SimConfig) -> Workload:
         raise WorkloadError(f"workload.trace: file not found: {p}")
     groups: dict[str, list[tuple[float, float, bool, float]]] = {}
     tool_total = finite_total = 0.0
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
+    for n, rec in read_objects(p, WorkloadError, comments=True, what="trace"):
         where = f"{p}:{n}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise WorkloadError(f"{where}: not valid JSON ({exc.msg})") from None
-        if not isinstance(rec, dict) or not isinstance(rec.get("query"), (str, int)) or isinstance(rec.get("query"), bool):
+        if not isinstance(rec.get("query"), (str, int)) or isinstance(rec.get("query"), bool):
             raise WorkloadError(f"{where}: expected an object with a string or integer 'query'")
         timed_out = rec.get("timed_out", False)
         if not isinstance(timed_out, bool):
