@@ -68,3 +68,7 @@ class CheckpointError(GyreError):
 
 class SlurmEnvError(GyreError):
     """A SLURM environment variable is malformed or contradicts another (the message names the variable)."""
+
+
+class UnsupportedModelError(ConfigError):
+    """A model directory holds an architecture (or a variant of one) the HF bridge does not map."""
