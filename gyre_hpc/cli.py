@@ -20,6 +20,7 @@ COMMANDS = {
     "sweep": "jobs.sweep",
     "trajectory": "jobs.trajectory",
     "config": "jobs.config",
+    "model": "jobs.model",
 }
 
 _HELP = {
@@ -29,6 +30,7 @@ _HELP = {
     "sweep": "run a grid of training or simulator runs as one SLURM job array; CSV, table and plot",
     "trajectory": "inspect, synthesize and pack TITO logs (stats, pack, synth)",
     "config": "explain every config key, or print a resolved config",
+    "model": "Hugging Face model directories: init a tiny one, export trained weights, check the bridge",
 }
 
 

@@ -34,7 +34,9 @@ def megatron_logits(model: torch.nn.Module, ids: torch.Tensor, pos: torch.Tensor
 
 def hf_logits(path: str | Path, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     with torch.no_grad():
         return model(input_ids=ids, position_ids=pos).logits.float()

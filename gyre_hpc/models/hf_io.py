@@ -79,4 +79,6 @@ def write_model_dir(out: str | Path, hf_config: Mapping[str, Any], tensors: Mapp
             (tmp / "generation_config.json").write_text(json.dumps(generation_config(hf_config), indent=2) + "\n")
         save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, tmp / "model.safetensors",
                   metadata={"format": "pt"})
+        for f in tmp.iterdir():
+            f.chmod(0o644)
     return out

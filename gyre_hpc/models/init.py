@@ -103,6 +103,7 @@ def init_model(arch: str, out: str | Path, hidden: int = 64, layers: int = 2, he
     """Write a random ``arch`` ('qwen2' | 'qwen3') model with a trained tokenizer to ``out``; returns ``out``."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
+    from transformers.utils import logging as hf_logging
 
     from gyre_hpc.io import atomic_dir
     from gyre_hpc.models.chat_template import CHAT_TEMPLATE
@@ -119,6 +120,7 @@ def init_model(arch: str, out: str | Path, hidden: int = 64, layers: int = 2, he
     cfg = hf_config(ARCH_BY_NAME[arch], vocab, hidden, layers, heads, kv_heads, context, head_dim, ffn, tie, ids)
     gen = GenerationConfig(bos_token_id=ids["<|endoftext|>"], pad_token_id=ids["<|endoftext|>"],
                            eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]])
+    hf_logging.disable_progress_bar()
     with atomic_dir(out) as tmp:
         tmp.chmod(0o755)
         torch.manual_seed(seed)
@@ -127,4 +129,6 @@ def init_model(arch: str, out: str | Path, hidden: int = 64, layers: int = 2, he
         model.generation_config = gen
         gen.save_pretrained(tmp)
         tok.save_pretrained(tmp)
+        for f in tmp.iterdir():
+            f.chmod(0o644)
     return out

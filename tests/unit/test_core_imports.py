@@ -12,8 +12,10 @@ EDGE_PREFIXES = (
     "gyre_hpc.report", "gyre_hpc.serving", "gyre_hpc.cli", "gyre_hpc.slurm.submit", "gyre_hpc.trajectory.collate",
     "gyre_hpc.allocator.mpi_transport", "gyre_hpc.allocator.server", "gyre_hpc.runtime",
     "gyre_hpc.agents.harness", "gyre_hpc.agents.closed_loop",
+    "gyre_hpc.models.weights", "gyre_hpc.models.hf_io", "gyre_hpc.models.check", "gyre_hpc.models.export",
 )
-BLOCKED = ("torch", "megatron", "mpi4py", "sglang", "mooncake", "submitit", "matplotlib", "tqdm")
+BLOCKED = ("torch", "megatron", "mpi4py", "sglang", "mooncake", "submitit", "matplotlib", "tqdm", "transformers",
+           "tokenizers", "safetensors")
 
 
 def core_modules() -> list[str]:
