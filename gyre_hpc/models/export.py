@@ -2,7 +2,8 @@
 
 Sources, and where the model config comes from (``config.yaml`` of the run directory)::
 
-    RUN_DIR                   weights/LATEST.json's version, else checkpoints/latest, else resume/checkpoint
+    RUN_DIR                   weights/LATEST.json's version (live runs), else weights/ (``--sync`` runs), else
+                              checkpoints/latest, else resume/checkpoint
     RUN_DIR/weights/v000007   a weights directory (weights.pt + meta.json, full megatron tensors)
     RUN_DIR/checkpoints/latest, RUN_DIR/resume/checkpoint
                               a training checkpoint (rank000.pt ...; tensor-parallel shards are merged)
@@ -74,6 +75,8 @@ def read_weights(src: Path, swiglu: bool) -> tuple[dict[str, torch.Tensor], Path
         if latest.is_file():
             path = Path(json.loads(latest.read_text())["path"])
             src = path if path.is_dir() else src / "weights" / path.name  # a path relative to another cwd
+        elif (src / "weights" / "weights.pt").is_file():  # the synchronous loop (gyre train --sync)
+            src = src / "weights"
         elif (src / "checkpoints" / "latest" / "meta.json").is_file():
             src = src / "checkpoints" / "latest"
         elif (src / "resume" / "checkpoint" / "meta.json").is_file():
