@@ -29,11 +29,11 @@ def ids_for(cfg: ModelConfig) -> torch.Tensor:
     return torch.randint(0, cfg.vocab_size, TREE_POS.shape, generator=torch.Generator().manual_seed(0))
 
 
-def logit_diff(path) -> float:
+def logit_diff(path, attention: str = "local") -> float:
     from gyre_hpc.models.check import hf_logits, megatron_logits
     from gyre_hpc.train.model import build_model
 
-    cfg = ModelConfig(hf_path=str(path))
+    cfg = ModelConfig(hf_path=str(path), attention=attention)
     ids = ids_for(cfg)
     return (megatron_logits(build_model(cfg), ids, TREE_POS) - hf_logits(path, ids, TREE_POS)).abs().max().item()
 
@@ -41,6 +41,10 @@ def logit_diff(path) -> float:
 @pytest.mark.parametrize("name", list(MODELS))
 def test_megatron_logits_equal_transformers_logits_at_tree_positions(models, name):
     assert logit_diff(models[name]) <= TOL
+
+
+def test_fused_attention_gives_the_same_logits_with_head_dim_unlike_hidden_over_heads(models):
+    assert logit_diff(models["qwen3"], attention="sdpa") <= TOL
 
 
 @pytest.mark.parametrize("name", list(MODELS))
