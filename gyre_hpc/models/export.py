@@ -12,6 +12,7 @@ The run must have trained a model loaded from ``model.hf_path``: its config.json
 exported directory's, with the trained tensors (``gyre_hpc.models.weights.to_hf``).
 
 Invariants
+- config.json's ``dtype`` names the dtype of the tensors written (the trainer's float32, whatever the source).
 - The output directory appears whole or not at all (``hf_io.write_model_dir``); an existing one is replaced only
   with ``overwrite``.
 - Tensor-parallel shards merge along the dimension megatron split them (``TP_DIM``), SwiGLU ``linear_fc1`` as
@@ -100,5 +101,8 @@ def export(src: str | Path, out: str | Path, overwrite: bool = False) -> Path:
         raise UnsupportedModelError(f"{src}: the run trained the built-in random model (model.hf_path: null), which "
                                     f"has no Hugging Face form; train from a model directory (gyre model init)")
     full, _ = read_weights(src, cfg.swiglu)
-    return hf_io.write_model_dir(out, hf_config.read_config(cfg.hf_path), weights.to_hf(full, cfg),
-                                 tokenizer_from=cfg.hf_path, overwrite=overwrite)
+    tensors = weights.to_hf(full, cfg)
+    hf = hf_config.read_config(cfg.hf_path)
+    hf.pop("torch_dtype", None)  # transformers 4's name; the tensors written are the trainer's (float32)
+    hf["dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+    return hf_io.write_model_dir(out, hf, tensors, tokenizer_from=cfg.hf_path, overwrite=overwrite)

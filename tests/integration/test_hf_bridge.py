@@ -88,7 +88,8 @@ def test_trainer_starts_from_hf_weights_and_its_export_loads_in_transformers(mod
     hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).state_dict()
     assert all(torch.equal(hf[k], v) for k, v in trained.items())
     assert not torch.equal(trained["model.embed_tokens.weight"], start["model.embed_tokens.weight"])
-    assert (out / "tokenizer.json").is_file() and json.loads((out / "config.json").read_text())["vocab_size"] == 1024
+    written = json.loads((out / "config.json").read_text())
+    assert (out / "tokenizer.json").is_file() and (written["vocab_size"], written["dtype"]) == (1024, "float32")
 
 
 def test_engine_policy_serves_the_hf_model(models):
