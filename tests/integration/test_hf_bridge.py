@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from gyre_hpc.config import ModelConfig
+from gyre_hpc.errors import ConfigError
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
@@ -90,6 +91,22 @@ def test_trainer_starts_from_hf_weights_and_its_export_loads_in_transformers(mod
     assert not torch.equal(trained["model.embed_tokens.weight"], start["model.embed_tokens.weight"])
     written = json.loads((out / "config.json").read_text())
     assert (out / "tokenizer.json").is_file() and (written["vocab_size"], written["dtype"]) == (1024, "float32")
+    with pytest.raises(ConfigError, match="exists"):
+        export(run, out)
+    assert export(run, out, overwrite=True) == out
+
+
+def test_a_missing_or_foreign_tensor_is_refused_by_name(models):
+    from gyre_hpc.errors import CheckpointError
+    from gyre_hpc.models import weights
+    from gyre_hpc.models.hf_io import read_safetensors
+
+    cfg = ModelConfig(hf_path=str(models["qwen2"]))
+    hf = read_safetensors(models["qwen2"])
+    with pytest.raises(CheckpointError, match=r"lacks model\.layers\.1\.self_attn\.k_proj\.bias"):
+        weights.to_megatron({k: v for k, v in hf.items() if k != "model.layers.1.self_attn.k_proj.bias"}, cfg)
+    with pytest.raises(CheckpointError, match="model.layers.0.mlp.experts.0.weight"):
+        weights.to_megatron({**hf, "model.layers.0.mlp.experts.0.weight": torch.zeros(1)}, cfg)
 
 
 def test_engine_policy_serves_the_hf_model(models):

@@ -44,8 +44,10 @@ def test_tokenizer_has_the_vocab_size_round_trips_text_and_renders_tool_calls(ti
     assert prompt.endswith("<|im_start|>assistant\n")
 
 
-def test_check_prints_the_json_report(tiny, capsys):
+def test_check_prints_the_json_report_and_leaves_the_directory_as_it_was(tiny, capsys):
+    before = {f.name: f.read_bytes() for f in tiny.iterdir()}
     assert main(["model", "check", str(tiny), "--json"]) == 0
+    assert {f.name: f.read_bytes() for f in tiny.iterdir()} == before
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(report) == {"arch", "params", "max_abs_logit_diff", "roundtrip_identical"}
     assert report["arch"] == "Qwen3ForCausalLM" and report["roundtrip_identical"] is True
