@@ -385,10 +385,8 @@ class WorkloadConfig:
     prefill_tokens_per_turn: float = param(3000.0, "New context tokens prefilled per turn (tool output, prompt).")
     tool_s_per_turn: float = param(20.0, "Tool / environment seconds per turn (not slowed by engine load).")
     path_turns: float | None = param(
-        None, "Turns between context compressions (each starts a new path); null = one path per run."
-    )
-    trained_paths: int | None = param(
-        5, "J_max: only a run's last this many paths are trained (trajectory.j_max, final_then_recent); null = all."
+        None, "Turns between context compressions (each starts a new path); null = one path per run. "
+              "The simulator trains a run's last trajectory.j_max paths."
     )
 
     def check(self) -> None:
@@ -400,8 +398,6 @@ class WorkloadConfig:
             require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
         require(0.0 <= self.stuck_query_frac < 1.0, "stuck_query_frac", f"must be in [0, 1), got {self.stuck_query_frac}")
         require(self.path_turns is None or self.path_turns > 0, "path_turns", f"must be > 0 or null, got {self.path_turns}")
-        require(self.trained_paths is None or self.trained_paths >= 1, "trained_paths",
-                f"must be >= 1 or null, got {self.trained_paths}")
 
 
 @dataclass(frozen=True)
@@ -692,10 +688,29 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
+#: keys holding a file path: a relative path written in a config file is relative to that file's directory
+FILE_RELATIVE_KEYS = (("workload", "trace"),)
+
+
+def resolve_relative(data: dict, base: Path) -> dict:
+    """``data`` with each relative path of ``FILE_RELATIVE_KEYS`` joined to ``base`` (the file's directory)."""
+    for keys in FILE_RELATIVE_KEYS:
+        node = data
+        for key in keys[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        value = node.get(keys[-1]) if isinstance(node, dict) else None
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            node[keys[-1]] = str(base / value)
+    return data
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), root: type = None) -> Any:
-    """Load ``path`` (or the defaults when None), apply overrides, and build the frozen root config."""
+    """Load ``path`` (or the defaults when None), apply overrides, and build the frozen root config.
+
+    A relative ``workload.trace`` in the file resolves against the file's directory; one given by an
+    override (``--set``) against the working directory, as any command-line path."""
     root = root or GyreConfig
-    data = read_yaml(path) if path is not None else {}
+    data = resolve_relative(read_yaml(path), Path(path).resolve().parent) if path is not None else {}
     return build(root, apply_overrides(data, overrides, root))
 
 
