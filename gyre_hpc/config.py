@@ -325,6 +325,8 @@ class SchedulerConfig:
     staleness_gain: float = param(0.5, "Integral gain of the admission window (batches per unit of lag error).")
     max_window_batches: float = param(8.0, "Admitted-but-untrained groups never exceed this many batches.")
     max_staleness: int | None = param(None, "Hard bound: tokens with a larger lag are masked from the loss.")
+    staleness_max: float | None = param(
+        None, "Hard bound on the mean: while the measured E[d] is at or above it, admission stops at one batch.")
     async_train_cells: int = param(2, "Async policies: cells in the fixed training pool (the rest roll out).")
     capacity_runs_per_cell: int = param(64, "Capacity model: unfinished runs one rollout cell absorbs.")
     satellite_min_work_s: float = param(
@@ -340,6 +342,8 @@ class SchedulerConfig:
         require(self.max_window_batches >= 1, "max_window_batches", f"must be >= 1, got {self.max_window_batches}")
         require(self.max_staleness is None or self.max_staleness >= 0, "max_staleness",
                 f"must be >= 0 or null, got {self.max_staleness}")
+        require(self.staleness_max is None or self.staleness_max >= self.staleness_target, "staleness_max",
+                f"must be >= staleness_target = {self.staleness_target} or null, got {self.staleness_max}")
 
 
 @dataclass(frozen=True)

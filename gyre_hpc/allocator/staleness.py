@@ -6,13 +6,25 @@ versions has tokens of several versions. We report the mean per token, the mean 
 mean of its tokens' lags), and the per-token p50, p99 and max.
 
 Enforcement. Generation may run ahead of training only by a window of admitted-but-untrained groups.
-The window starts at the prior ``B * (1 + 2 * target)`` (Little's law: with N groups in flight a token
-waits about N / (2B) steps) and is corrected by integral feedback on the measured batch lags::
+The window starts at the prior ``B * (1 + prior * target)`` and is corrected by integral feedback on the
+measured batch lags::
 
-    window = clamp(B * (1 + 2 * target + gain * sum_k (target - lag_k)), B, max_window)
+    window = clamp(B * (1 + prior * target + gain * sum_k (target - lag_k)), B, max_window)
 
-so batches that were staler than the target shrink the window and fresher ones grow it. The optional hard
-bound ``max_staleness`` masks tokens older than the bound out of the loss; trained lag never exceeds it.
+so batches that were staler than the target shrink the window and fresher ones grow it. The prior depends on
+the order in which groups are trained (``prior_for``): a fixed batch is trained in admission order, so with
+N groups in flight a token waits about N / (2B) steps (Little's law, prior 2); a streaming policy trains in
+completion order, so the long runs of every admitted group wait for the short runs of later ones and each
+group in flight costs more lag (prior 1.5, measured in the simulator: with prior 2 gyre overshot a target of
+1.0 by 19% on configs/sim/small.yaml, its 12 steps too few for the integral term to correct it).
+
+Hard bounds. ``staleness_max`` caps the mean: while the measured running mean is at or above it, the window
+is one batch (generation stops running ahead). ``max_staleness`` masks tokens whose own lag exceeds it out
+of the loss; trained lag never exceeds it.
+
+Measurement. ``token_lags`` is the one definition of a batch's lag, used by the simulator's ``LagLedger``
+and by the live trainer (``cell/dataplane.lag_stats``): the sum over trained tokens of ``v - g``, their count
+and the maximum. E[d] of a run is the token-weighted mean over all its steps.
 
 Invariants
 - ``admission_window`` is at least one batch (training can never starve) and at most ``max_window``.
@@ -26,11 +38,35 @@ import numpy as np
 from gyre_hpc.allocator.state import SchedState
 
 
-def admission_window(state: SchedState, batch: int, target: float, gain: float, max_window: int) -> int:
-    """Admitted-but-untrained groups allowed now (see the module docstring)."""
+#: the window's prior (batches of lag per unit of target) by training order; see the module docstring
+PRIOR_FIXED_BATCHES, PRIOR_STREAMING = 2.0, 1.5
+
+
+def prior_for(streaming: bool) -> float:
+    return PRIOR_STREAMING if streaming else PRIOR_FIXED_BATCHES
+
+
+def admission_window(state: SchedState, batch: int, target: float, gain: float, max_window: int,
+                     prior: float = PRIOR_FIXED_BATCHES, cap: float | None = None) -> int:
+    """Admitted-but-untrained groups allowed now (see the module docstring); ``cap`` = ``staleness_max``."""
+    if cap is not None and state.trained_batches and state.lag_sum >= cap * state.trained_batches:
+        return batch
     error = state.trained_batches * target - state.lag_sum
-    window = batch * (1.0 + 2.0 * target + gain * error)
+    window = batch * (1.0 + prior * target + gain * error)
     return int(min(max(round(window), batch), max_window))
+
+
+def token_lags(train_version: int, versions: np.ndarray, tokens: np.ndarray | None = None) -> tuple[float, float, int]:
+    """(lag sum, token count, max lag) of tokens generated at ``versions`` (``tokens[i]`` of each, default 1)
+    trained from ``train_version``. Raises ValueError on a token newer than the training version."""
+    versions = np.asarray(versions, dtype=np.int64)
+    if versions.size == 0:
+        return 0.0, 0.0, 0
+    lag = train_version - versions
+    if int(lag.min()) < 0:
+        raise ValueError(f"negative lag: tokens of version {int(versions.max())} trained at {train_version}")
+    weight = np.ones(lag.size) if tokens is None else np.asarray(tokens, dtype=float)
+    return float((lag * weight).sum()), float(weight.sum()), int(lag.max())
 
 
 class LagLedger:
@@ -45,19 +81,19 @@ class LagLedger:
     def add_run(self, train_version: int, versions: list[int], tokens: list[float]) -> tuple[float, float]:
         """Record one run's tokens (``tokens[i]`` generated at ``versions[i]``); returns (mean lag, tokens)."""
         hist, bound = self.hist, self.max_staleness
-        lag_tok = tok_sum = 0.0
+        kept_v, kept_t = [], []
         for v, tok in zip(versions, tokens):
             lag = train_version - v
-            if lag < 0:
-                raise ValueError(f"negative lag: tokens of version {v} trained at {train_version}")
             if bound is not None and lag > bound:
                 self.masked_tokens += tok
                 continue
             while len(hist) <= lag:
                 hist.append(0.0)
-            hist[lag] += tok
-            lag_tok += lag * tok
-            tok_sum += tok
+            kept_v.append(v)
+            kept_t.append(tok)
+        lag_tok, tok_sum, _ = token_lags(train_version, kept_v, kept_t)  # raises on a negative lag
+        for v, tok in zip(kept_v, kept_t):
+            hist[train_version - v] += tok
         if tok_sum <= 0:
             return 0.0, 0.0
         mean = lag_tok / tok_sum
