@@ -18,6 +18,7 @@ COMMANDS = {
     "simulate": "jobs.simulate",
     "submit": "jobs.submit",
     "sweep": "jobs.sweep",
+    "tune": "jobs.tune",
     "trajectory": "jobs.trajectory",
     "config": "jobs.config",
 }
@@ -27,6 +28,7 @@ _HELP = {
     "simulate": "predict wall time, idle fractions and staleness of scheduling policies",
     "submit": "render the sbatch script from the config and submit it (--dry-run prints it)",
     "sweep": "run a grid of training or simulator runs as one SLURM job array; CSV, table and plot",
+    "tune": "choose theta, tau, mu and the cell split in the simulator; write them as a config overlay",
     "trajectory": "inspect, synthesize and pack TITO logs (stats, pack, synth)",
     "config": "explain every config key, or print a resolved config",
 }

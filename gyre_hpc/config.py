@@ -718,6 +718,19 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), r
     return build(root, apply_overrides(data, overrides, root))
 
 
+def overlay_overrides(path: str | Path) -> list[str]:
+    """A YAML overlay file (a partial config, e.g. what ``gyre tune`` writes) as ``key.path=value`` overrides,
+    so that it composes with ``--set`` in command-line order and passes the same strict checks."""
+    import json
+
+    def flat(node: Any, prefix: str) -> list[str]:
+        if isinstance(node, dict):
+            return [o for k, v in node.items() for o in flat(v, f"{prefix}{k}.")]
+        return [f"{prefix[:-1]}={json.dumps(node)}"]
+
+    return flat(read_yaml(path), "")
+
+
 def to_dict(cfg: Any) -> dict:
     """Plain nested dict (tuples become lists) — what ``yaml.safe_dump`` writes into a run directory."""
 
