@@ -30,6 +30,7 @@ Invariants
 - ``admission_window`` is at least one batch (training can never starve) and at most ``max_window``.
 - ``LagLedger`` never records a trained token with lag above ``max_staleness`` (those are counted as masked).
 - Per-token statistics weight every token equally; per-sample statistics weight every run equally.
+- ``comparable`` is symmetric; a benchmark marks a ratio whose two E[d] are not comparable as "not comparable".
 """
 from __future__ import annotations
 
@@ -67,6 +68,15 @@ def token_lags(train_version: int, versions: np.ndarray, tokens: np.ndarray | No
         raise ValueError(f"negative lag: tokens of version {int(versions.max())} trained at {train_version}")
     weight = np.ones(lag.size) if tokens is None else np.asarray(tokens, dtype=float)
     return float((lag * weight).sum()), float(weight.sum()), int(lag.max())
+
+
+#: two runs are compared at matched staleness when their measured E[d] differ by at most this fraction
+MATCH_TOLERANCE = 0.1
+
+
+def comparable(d_ref: float, d_other: float, tol: float = MATCH_TOLERANCE) -> bool:
+    """Whether two measured mean staleness values are matched: they differ by at most ``tol`` of the larger."""
+    return abs(d_other - d_ref) <= tol * max(abs(d_ref), abs(d_other)) + 1e-12
 
 
 class LagLedger:
