@@ -24,6 +24,7 @@ def measured(config, name, target):
     return result["policies"][name]["staleness_mean"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", WORKLOADS)
 @pytest.mark.parametrize("name", POLICY_NAMES)
 def test_every_policy_holds_the_target_staleness_within_ten_percent(config, name):

@@ -29,6 +29,7 @@ def test_the_band_spreads_over_seeds_and_is_reproducible():
     assert a["policies"]["colocate"]["vs_gyre"]["median"] > 0
 
 
+@pytest.mark.slow
 def test_sensitivity_ranks_the_inputs_by_their_largest_effect():
     cfg = load_config(SMALL, FAST)
     rows = sensitivity(cfg, 0.2)
@@ -38,6 +39,7 @@ def test_sensitivity_ranks_the_inputs_by_their_largest_effect():
                                 "sim.decode_tok_s")
 
 
+@pytest.mark.slow
 def test_cli_prints_the_band_and_the_sensitivity_line(capsys):
     sets = [a for s in FAST for a in ("--set", s)]
     assert main(["simulate", SMALL, "--seeds", "3", "--perturb", "0.1", *sets]) == 0
