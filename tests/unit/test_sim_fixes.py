@@ -89,3 +89,11 @@ def test_a_relative_trace_given_by_an_override_resolves_against_the_working_dire
     monkeypatch.chdir(tmp_path)
     cfg = load_config(small, ["workload.trace=runs.jsonl"])
     assert cfg.workload.trace == "runs.jsonl"
+
+
+def test_a_jmax_sweep_gives_different_rows(tmp_path, capsys):
+    assert main(["simulate", SMALL, "--set", "sim.policies=[gyre]", "--sweep", "trajectory.j_max=1,5",
+                 "--json", "--out", str(tmp_path / "sw")]) == 0
+    one, five = json.loads(capsys.readouterr().out)
+    assert one["trained_tokens_per_run"] < five["trained_tokens_per_run"]
+    assert one["gyre_hours"] != five["gyre_hours"]
