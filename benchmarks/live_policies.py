@@ -201,6 +201,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="markdown results file to write")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config override applied to every policy alike (repeatable)")
+    p.add_argument("--overlay", type=Path, metavar="FILE",
+                   help="a gyre tune overlay applied to every policy alike (before --set); issue 13: benchmarks use "
+                        "the defaults or gyre tune's knobs, never knobs hand-set for one policy")
     p.add_argument("--run-timeout-s", type=float, default=420.0, help="interrupt a run after this long (default 420)")
     p.add_argument("--socket-pulls", type=int, default=5, help="timed socket pulls per run for the baseline")
     p.add_argument("--retries", type=int, default=1,
@@ -217,6 +220,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--steps and --reps must be >= 1")
     if not args.config.exists():
         p.error(f"--config {args.config}: no such file")
+    if args.overlay:
+        from gyre_hpc.config import overlay_overrides
+        from gyre_hpc.errors import ConfigError
+
+        try:
+            args.set = overlay_overrides(args.overlay) + args.set
+        except ConfigError as exc:
+            p.error(f"--overlay: {exc}")
     return args
 
 

@@ -40,3 +40,15 @@ def test_json_summary_has_the_four_keys_per_policy():
     assert set(out) == {"policies"} and set(out["policies"]) == {"gyre", "colocate", "async"}
     assert out["policies"]["gyre"] == pytest.approx({"wall_s": 31.0, "staleness_mean": 1.52,
                                                      "staleness_target": 1.5, "reward_last": 0.41})
+
+
+def test_the_live_benchmark_applies_a_tune_overlay_to_every_policy_alike(tmp_path):
+    from benchmarks.live_policies import parse_args, train_cmd
+
+    overlay = tmp_path / "tuned.yaml"
+    overlay.write_text("scheduler: {theta: 0.75, mu: 2}\n")
+    args = parse_args(["--overlay", str(overlay), "--set", "scheduler.mu=3", "--out", str(tmp_path / "o")])
+    assert args.set == ["scheduler.theta=0.75", "scheduler.mu=2", "scheduler.mu=3"]
+    for policy in ("gyre", "colocate", "async"):
+        cmd = train_cmd(args, policy, 0)
+        assert "scheduler.theta=0.75" in cmd and cmd.index("scheduler.mu=2") < cmd.index("scheduler.mu=3")
