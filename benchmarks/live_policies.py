@@ -17,6 +17,10 @@ and nothing else changed between policies. Measured per run, from its run direct
 
     python benchmarks/live_policies.py --steps 8 --reps 3 --out runs/bench_live
     python benchmarks/live_policies.py --render runs/bench_live     # re-render the results from records.json
+    python benchmarks/live_policies.py --render --out runs/bench_live --json   # + per-policy JSON on stdout
+
+Each policy's measured E[d] is printed beside its ratio; a ratio between policies whose E[d] differ by more
+than 10% is marked "not comparable" (issue 13: comparisons at matched staleness).
 
 Writes benchmarks/results/live_policies.md (--results) and, into --out (not committed): records.json, the
 run directories, rewards.png and roles-<policy>-r<rep>.png.
@@ -36,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.live_policies_report import render  # noqa: E402
+from benchmarks.live_policies_report import json_summary, render  # noqa: E402
 from gyre_hpc.errors import GyreError  # noqa: E402
 from gyre_hpc.io import atomic_write_json  # noqa: E402
 from gyre_hpc.report import compare  # noqa: E402
@@ -197,12 +201,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="markdown results file to write")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config override applied to every policy alike (repeatable)")
+    p.add_argument("--overlay", type=Path, metavar="FILE",
+                   help="a gyre tune overlay applied to every policy alike (before --set); issue 13: benchmarks use "
+                        "the defaults or gyre tune's knobs, never knobs hand-set for one policy")
     p.add_argument("--run-timeout-s", type=float, default=420.0, help="interrupt a run after this long (default 420)")
     p.add_argument("--socket-pulls", type=int, default=5, help="timed socket pulls per run for the baseline")
     p.add_argument("--retries", type=int, default=1,
                    help="rerun a run that failed (e.g. an engine not ready in time on a loaded machine); default 1")
     p.add_argument("--notes", type=Path, help="markdown file appended to the results as '## Reading'")
     p.add_argument("--render", action="store_true", help="only re-render --results from OUT/records.json")
+    p.add_argument("--json", action="store_true",
+                   help='also print {"policies": {NAME: {"wall_s", "staleness_mean", "staleness_target", '
+                        '"reward_last"}}} (medians over repetitions) on stdout')
     p.add_argument("--resume", action="store_true",
                    help="continue OUT/records.json: run only the (policy, repetition) pairs it does not have yet")
     args = p.parse_args(argv)
@@ -210,6 +220,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--steps and --reps must be >= 1")
     if not args.config.exists():
         p.error(f"--config {args.config}: no such file")
+    if args.overlay:
+        from gyre_hpc.config import overlay_overrides
+        from gyre_hpc.errors import ConfigError
+
+        try:
+            args.set = overlay_overrides(args.overlay) + args.set
+        except ConfigError as exc:
+            p.error(f"--overlay: {exc}")
     return args
 
 
@@ -251,6 +269,11 @@ def main(argv=None) -> int:
         atomic_write_json(records_path, data)
     render(data, args.out, args.results, args.notes.read_text() if args.notes else "")
     log(f"wrote {args.results} and {args.out / 'rewards.png'}")
+    if args.json:
+        from gyre_hpc.config import load_config
+
+        target = load_config(args.config, args.set).scheduler.staleness_target
+        print(json.dumps(json_summary(data, target)))
     return 0
 
 

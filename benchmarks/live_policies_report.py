@@ -5,6 +5,7 @@ import os
 import platform
 from pathlib import Path
 
+from gyre_hpc.allocator.staleness import MATCH_TOLERANCE, comparable
 from gyre_hpc.io import atomic_write_text
 from gyre_hpc.report import compare
 
@@ -36,16 +37,45 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.0f}%"
 
 
+def staleness_means(data: dict) -> dict[str, float | None]:
+    """Per policy, the median over its valid runs of the measured E[d] (the summary's ``staleness_mean``)."""
+    return {p: compare.median([r["summary"]["staleness_mean"] for r in _ok(data["records"], p)])
+            for p in data["policies"]}
+
+
+def matched(data: dict) -> dict[str, bool | None]:
+    """Per policy, whether its E[d] is within 10% of the reference's (None where either is missing)."""
+    d = staleness_means(data)
+    ref = d[data["policies"][0]]
+    return {p: None if ref is None or x is None else comparable(ref, x) for p, x in d.items()}
+
+
+def json_summary(data: dict, target: float) -> dict:
+    """What ``live_policies.py --json`` prints: per policy the medians over repetitions of the wall to N steps,
+    the measured E[d] and the last step's reward, and the configured target."""
+    out = {}
+    for p in data["policies"]:
+        ok = _ok(data["records"], p)
+        out[p] = {"wall_s": compare.median([r["step_s"] for r in ok]),
+                  "staleness_mean": compare.median([r["summary"]["staleness_mean"] for r in ok]),
+                  "staleness_target": target,
+                  "reward_last": compare.median([r["summary"]["reward_last"] for r in ok
+                                                 if r["summary"].get("reward_last") is not None])}
+    return {"policies": out}
+
+
 def wall_table(data: dict) -> list[str]:
     ref = data["policies"][0]
     steps = compare.speedups(walls_by_rep(data), ref)
     runs = compare.speedups({p: [None if w is None else w for w in ws]
                              for p, ws in walls_by_rep(data, "run_wall_s").items()}, ref)
     sim = data.get("sim_available") or any(r.get("sim") for r in data["records"])
+    stale, same = staleness_means(data), matched(data)
     head = (f"| policy | runs ok | median s to {data['steps']} steps | min–max | median run wall s | "
-            f"speedup of {ref} (to N steps) | speedup of {ref} (run wall) | runs timed out |"
+            f"speedup of {ref} (to N steps) | speedup of {ref} (run wall) | runs timed out | measured E[d] | "
+            f"E[d] within {MATCH_TOLERANCE:.0%} of {ref}'s |"
             + (" simulator-predicted s |" if sim else ""))
-    lines = [head, "|" + "---|" * (8 + bool(sim))]
+    lines = [head, "|" + "---|" * (10 + bool(sim))]
     for p in data["policies"]:
         ok = _ok(data["records"], p)
         ws = [r["step_s"] for r in ok]
@@ -53,7 +83,8 @@ def wall_table(data: dict) -> list[str]:
                f"{_f(min(ws, default=None), 1)}–{_f(max(ws, default=None), 1)} | "
                f"{_f(compare.median([r['run_wall_s'] for r in ok]), 1)} | "
                f"{'1 (reference)' if p == ref else _f(steps.get(p))} | {'1' if p == ref else _f(runs.get(p))} | "
-               f"{_pct(compare.median([compare.timed_out_share(r['summary']) for r in ok]))} |")
+               f"{_pct(compare.median([compare.timed_out_share(r['summary']) for r in ok]))} | "
+               f"{_f(stale[p])} | {'–' if same[p] is None else 'yes' if same[p] else '**not comparable**'} |")
         if sim:
             pred = [(r.get("sim") or {}).get("predicted_s") for r in ok]
             row += f" {_f(compare.median(pred), 1)} |"
@@ -144,6 +175,8 @@ def render(data: dict, out: Path, results: Path, notes: str = "") -> Path:
         "mostly load noise here); run wall = the summary's `wall_s` (proxy start to report, start-up included). "
         f"Speedup of {ref} over P = median over repetitions of wall(P) / wall({ref}): > 1 means {ref} is faster.",
         "- Issue #4 targets on this long-tailed workload: ≥ 1.15× over colocate, ≥ 1.3× over async.",
+        f"- Matched staleness (issue 13): a ratio counts only where both policies' measured E[d] are within "
+        f"{MATCH_TOLERANCE:.0%} of each other; other rows are marked **not comparable**.",
         "",
         "## Wall time",
         "",

@@ -350,6 +350,8 @@ class SchedulerConfig:
     staleness_gain: float = param(0.5, "Integral gain of the admission window (batches per unit of lag error).")
     max_window_batches: float = param(8.0, "Admitted-but-untrained groups never exceed this many batches.")
     max_staleness: int | None = param(None, "Hard bound: tokens with a larger lag are masked from the loss.")
+    staleness_max: float | None = param(
+        None, "Hard bound on the mean: while the measured E[d] is at or above it, admission stops at one batch.")
     async_train_cells: int = param(2, "Async policies: cells in the fixed training pool (the rest roll out).")
     capacity_runs_per_cell: int = param(64, "Capacity model: unfinished runs one rollout cell absorbs.")
     satellite_min_work_s: float = param(
@@ -365,6 +367,8 @@ class SchedulerConfig:
         require(self.max_window_batches >= 1, "max_window_batches", f"must be >= 1, got {self.max_window_batches}")
         require(self.max_staleness is None or self.max_staleness >= 0, "max_staleness",
                 f"must be >= 0 or null, got {self.max_staleness}")
+        require(self.staleness_max is None or self.staleness_max >= self.staleness_target, "staleness_max",
+                f"must be >= staleness_target = {self.staleness_target} or null, got {self.staleness_max}")
 
 
 @dataclass(frozen=True)
@@ -410,10 +414,8 @@ class WorkloadConfig:
     prefill_tokens_per_turn: float = param(3000.0, "New context tokens prefilled per turn (tool output, prompt).")
     tool_s_per_turn: float = param(20.0, "Tool / environment seconds per turn (not slowed by engine load).")
     path_turns: float | None = param(
-        None, "Turns between context compressions (each starts a new path); null = one path per run."
-    )
-    trained_paths: int | None = param(
-        5, "J_max: only a run's last this many paths are trained (trajectory.j_max, final_then_recent); null = all."
+        None, "Turns between context compressions (each starts a new path); null = one path per run. "
+              "The simulator trains a run's last trajectory.j_max paths."
     )
 
     def check(self) -> None:
@@ -425,8 +427,6 @@ class WorkloadConfig:
             require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
         require(0.0 <= self.stuck_query_frac < 1.0, "stuck_query_frac", f"must be in [0, 1), got {self.stuck_query_frac}")
         require(self.path_turns is None or self.path_turns > 0, "path_turns", f"must be > 0 or null, got {self.path_turns}")
-        require(self.trained_paths is None or self.trained_paths >= 1, "trained_paths",
-                f"must be >= 1 or null, got {self.trained_paths}")
 
 
 @dataclass(frozen=True)
@@ -771,11 +771,43 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
+#: keys holding a file path: a relative path written in a config file is relative to that file's directory
+FILE_RELATIVE_KEYS = (("workload", "trace"),)
+
+
+def resolve_relative(data: dict, base: Path) -> dict:
+    """``data`` with each relative path of ``FILE_RELATIVE_KEYS`` joined to ``base`` (the file's directory)."""
+    for keys in FILE_RELATIVE_KEYS:
+        node = data
+        for key in keys[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        value = node.get(keys[-1]) if isinstance(node, dict) else None
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            node[keys[-1]] = str(base / value)
+    return data
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), root: type = None) -> Any:
-    """Load ``path`` (or the defaults when None), apply overrides, and build the frozen root config."""
+    """Load ``path`` (or the defaults when None), apply overrides, and build the frozen root config.
+
+    A relative ``workload.trace`` in the file resolves against the file's directory; one given by an
+    override (``--set``) against the working directory, as any command-line path."""
     root = root or GyreConfig
-    data = read_yaml(path) if path is not None else {}
+    data = resolve_relative(read_yaml(path), Path(path).resolve().parent) if path is not None else {}
     return build(root, apply_overrides(data, overrides, root))
+
+
+def overlay_overrides(path: str | Path) -> list[str]:
+    """A YAML overlay file (a partial config, e.g. what ``gyre tune`` writes) as ``key.path=value`` overrides,
+    so that it composes with ``--set`` in command-line order and passes the same strict checks."""
+    import json
+
+    def flat(node: Any, prefix: str) -> list[str]:
+        if isinstance(node, dict):
+            return [o for k, v in node.items() for o in flat(v, f"{prefix}{k}.")]
+        return [f"{prefix[:-1]}={json.dumps(node)}"]
+
+    return flat(read_yaml(path), "")
 
 
 def to_dict(cfg: Any) -> dict:

@@ -23,6 +23,7 @@ Examples:
   gyre simulate configs/sim/paper_2p4t.yaml --plot runs/plots
   gyre simulate configs/sim/paper_2p4t.yaml --set workload.stuck_query_frac=0 --set cluster.cells=8
   gyre simulate configs/sim/small.yaml --sweep cluster.cells=2,4,8 --sweep scheduler.theta=0.25,0.5 --out runs/sw
+  gyre simulate configs/sim/small.yaml --seeds 10 --perturb 0.2     (a band over seeds and inputs; sensitivity)
 
 Replay a live run (gyre train's run directory): its measured run durations, training and switch times and the
 same scheduler config go into the simulator; it prints the predicted wall time beside the measured one, and
@@ -42,6 +43,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", action="append", default=[], metavar="KEY=A,B,C",
                    help="run a grid over these values (repeatable); writes sweep.csv and sweep.md")
     p.add_argument("--out", metavar="DIR", help="sweep output directory (default runs/sim-sweep-<time>)")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="also report each policy's hours as a band over N workload seeds, and which input "
+                        "moves the result most (docs/simulator.md, 'Uncertainty')")
+    p.add_argument("--perturb", type=float, default=0.0, metavar="FRAC",
+                   help="with --seeds: also draw each workload/cell input from value x U(1-FRAC, 1+FRAC); "
+                        "FRAC (default 0.2) is also the sensitivity step")
 
 
 def _table(result: dict) -> str:
@@ -59,6 +66,8 @@ def _table(result: dict) -> str:
                  f"{w['frac_queries_within_5pct_of_timeout']:.1%} within 5% of it; mean query "
                  f"{w['query_hours_mean']:.2f} h; per run {w['tokens_per_run_mean']:,.0f} rollout tokens, "
                  f"{w['trained_tokens_per_run_mean']:,.0f} trained (J_max)")
+    if "band" in result:
+        lines += _band_lines(result)
     return "\n".join(lines)
 
 
@@ -77,7 +86,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {csv_path} and {md_path}")
         return 0
     cfg = load_config(args.config, args.overrides)
+    if args.seeds < 1 or not 0 <= args.perturb < 1:
+        raise ConfigError(f"--seeds must be >= 1 and --perturb in [0, 1), got {args.seeds} and {args.perturb}")
     result, sims = compare(cfg)
+    if args.seeds != 1 or args.perturb != 0:
+        _uncertainty(args, cfg, result)
     if args.plot:
         from gyre_hpc.report.sim_plots import write_all  # matplotlib only when plotting
 
@@ -86,6 +99,31 @@ def run(args: argparse.Namespace) -> int:
             print("plots: " + ", ".join(str(p) for p in paths))
     print(json.dumps(result, indent=None if args.json else 2) if args.json else _table(result))
     return 0
+
+
+def _uncertainty(args: argparse.Namespace, cfg, result: dict) -> None:
+    from gyre_hpc.allocator.sim.uncertainty import band, sensitivity
+
+    result["band"] = band(cfg, args.seeds, args.perturb)
+    result["sensitivity"] = sensitivity(cfg, args.perturb or 0.2)
+
+
+def _band_lines(result: dict) -> list[str]:
+    b = result["band"]
+    what = f"{b['seeds']} seeds" + (f", inputs perturbed +-{b['perturb']:.0%}" if b["perturb"] else "")
+    lines = [f"\nband over {what}: hours median [p10, p90] (min..max); gyre x likewise"]
+    for name, e in b["policies"].items():
+        h, g = e["hours"], e.get("vs_gyre")
+        ratio = f"; gyre x {g['median']:.2f} [{g['p10']:.2f}, {g['p90']:.2f}]" if g else ""
+        lines.append(f"  {name:<20} {h['median']:.2f} [{h['p10']:.2f}, {h['p90']:.2f}] "
+                     f"({h['min']:.2f}..{h['max']:.2f}){ratio}")
+    if result["sensitivity"]:
+        top = result["sensitivity"][0]
+        moved = ", ".join(f"{n} {min(x):+.1f}%..{max(x):+.1f}%" for n, x in top["hours_change_pct"].items())
+        rest = ", ".join(f"{r['input']} {r['max_abs_pct']:.1f}%" for r in result["sensitivity"][1:4])
+        lines.append(f"most sensitive to {top['input']} (x{1 - top['frac']:g}..x{1 + top['frac']:g}: {moved}); "
+                     f"next: {rest}")
+    return lines
 
 
 def _replay(args: argparse.Namespace) -> int:

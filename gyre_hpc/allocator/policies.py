@@ -1,6 +1,7 @@
 """Scheduling policies: pure functions of ``(state, now)`` to a list of orders.
 
-Every policy admits new queries through the same staleness window (``staleness.admission_window``):
+Every policy admits new queries through the same staleness window (``staleness.admission_window``, its prior
+set by the policy's training order, so that each holds the same measured E[d]):
 streaming policies also within the capacity of the cells that roll out, the others a whole fixed batch at a
 time (the engines queue runs that do not fit). Each tells the trainer two facts: ``streaming`` (ready groups go to
 updates in completion order and training starts on them before the batch is complete; otherwise a batch is
@@ -33,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gyre_hpc.allocator.capacity import CapacityModel
-from gyre_hpc.allocator.staleness import admission_window
+from gyre_hpc.allocator.staleness import admission_window, prior_for
 from gyre_hpc.allocator.state import SchedState
 from gyre_hpc.allocator.types import Admit, Order, Role, Switch, WakeAt
 from gyre_hpc.config import POLICY_NAMES, SchedulerConfig
@@ -75,7 +76,8 @@ class Policy:
     def window(self, state: SchedState) -> int:
         b = self.cfg.batch_groups
         return admission_window(state, b, self.cfg.staleness_target, self.cfg.staleness_gain,
-                                int(self.cfg.max_window_batches * b))
+                                int(self.cfg.max_window_batches * b), prior_for(self.streaming),
+                                self.cfg.staleness_max)
 
     def _admit(self, state: SchedState, orders: list[Order]) -> list[Order]:
         room_groups = self.window(state) - (state.inflight_groups + state.ready_groups)

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from gyre_hpc.allocator.staleness import token_lags
 from gyre_hpc.errors import ProtocolError
 
 WANT, GROUP, GRADS, STEPPED = 11, 12, 13, 14
@@ -136,7 +137,8 @@ def lag_stats(batch: Any, version: int, ready_version: int | None = None) -> dic
         raise ProtocolError(f"versions out of order: generated up to {int(gen.max())}, ready at {ready}, "
                             f"trained at {version}")
     pre = ready - gen
-    return {"sum": float((version - gen).sum()), "tokens": int(gen.size), "max": int(version - gen.min()),
+    lag_sum, tokens, lag_max = token_lags(version, gen)  # the simulator's definition (allocator/staleness.py)
+    return {"sum": lag_sum, "tokens": int(tokens), "max": lag_max,
             "pre_sum": float(pre.sum()), "pre_max": int(pre.max()),
             "in_sum": float((version - ready) * gen.size), "in_max": version - ready}
 

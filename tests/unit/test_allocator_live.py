@@ -104,7 +104,7 @@ def test_a_time_condition_becomes_one_wake_up_remembered_once():
 def test_admission_counts_runs_as_parked_until_the_proxy_places_them():
     ex = executor()
     d = ex.decide(0.0)
-    assert d.admit == 12  # window B * (1 + 2 * target) = 4 * 3
+    assert d.admit == 10  # window B * (1 + 1.5 * target) = 4 * 2.5 (streaming prior)
     ex.admitted(5)
     st = ex.state
     assert (st.admitted_queries, st.inflight_groups, st.unfinished_runs, st.parked_runs) == (5, 5, 10, 10)

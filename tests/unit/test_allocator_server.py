@@ -84,7 +84,7 @@ def test_the_admit_callback_may_start_fewer_queries_than_admitted(tmp_path):
         w.clock.sleep(0.01)
         w.server.step()
     assert w.events("order", order="admit")[0] | {"t": 0, "wall": 0} == {
-        "event": "order", "order": "admit", "queries": 12, "started": 5, "t": 0, "wall": 0}
+        "event": "order", "order": "admit", "queries": 10, "started": 5, "t": 0, "wall": 0}
     assert w.server.state.admitted_queries == 5 and w.server.state.unfinished_runs == 5
 
 
@@ -132,17 +132,17 @@ def test_an_engine_killed_mid_run_loses_its_cell_but_none_of_its_runs(tmp_path):
         w.act(w.clock.now())
         w.server.step()
     st = w.server.state
-    assert [c.runs for c in st.cells] == [4, 4, 4] and st.unfinished_runs == 12
+    assert [c.runs for c in st.cells] == [4, 3, 3] and st.unfinished_runs == 10  # window B * (1 + 1.5 * 1)
     w.cells[1].link.send(CellFailed(cell=1, reason="engine exited with signal 9"))
     w.server.step()
     (lost,) = w.events("lost")
-    assert (lost["cell"], lost["runs_rehomed"], lost["unfinished_runs"]) == (1, 4, 12)
+    assert (lost["cell"], lost["runs_rehomed"], lost["unfinished_runs"]) == (1, 3, 10)
     assert lost["reason"] == "failed: engine exited with signal 9"
     w.harness.act(w.clock.now())
     w.harness._snapshot()  # the proxy re-places the parked runs on the remaining engines
     w.server.step()
-    assert [c.runs for c in st.cells] == [6, 0, 6] and st.parked_runs == 0 and st.unfinished_runs == 12
-    assert w.events("runs")[-1]["runs"] == [6, 0, 6]
+    assert [c.runs for c in st.cells] == [5, 0, 5] and st.parked_runs == 0 and st.unfinished_runs == 10
+    assert w.events("runs")[-1]["runs"] == [5, 0, 5]
     st.check()
 
 

@@ -58,7 +58,8 @@ class Checked:
 
 def simulate(name, *overrides):
     cfg = load_config(SMALL, list(overrides))
-    wl = workload_mod.load(cfg.workload, cfg.sim, queries_needed(cfg), cfg.run.seed)
+    wl = workload_mod.load(cfg.workload, cfg.sim, queries_needed(cfg), cfg.run.seed,
+                           j_max=cfg.trajectory.j_max)
     policy = Checked(make_policy(name, cfg.scheduler, cfg.cluster.cells), cfg.scheduler.capacity_runs_per_cell,
                      cfg.sim.kv_slots_per_cell)
     sim = Simulation(policy, cfg.sim, cfg.scheduler, wl, cfg.cluster.cells, cfg.workload.timeout_h * 3600)
@@ -146,7 +147,8 @@ def test_work_is_conserved_and_timeouts_cut_runs_short():
 
 def test_paper_config_keeps_the_gyre_invariants():
     cfg = load_config("configs/sim/paper_2p4t.yaml")
-    wl = workload_mod.load(cfg.workload, cfg.sim, queries_needed(cfg), cfg.run.seed)
+    wl = workload_mod.load(cfg.workload, cfg.sim, queries_needed(cfg), cfg.run.seed,
+                           j_max=cfg.trajectory.j_max)
     policy = Checked(make_policy("gyre", cfg.scheduler, cfg.cluster.cells), cfg.scheduler.capacity_runs_per_cell,
                      cfg.sim.kv_slots_per_cell)
     sim = Simulation(policy, cfg.sim, cfg.scheduler, wl, cfg.cluster.cells, cfg.workload.timeout_h * 3600)

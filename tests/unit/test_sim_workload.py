@@ -20,8 +20,8 @@ def test_parametric_is_deterministic_and_grouped():
 
 
 def test_trace_round_trip(tmp_path):
-    cfg = WorkloadConfig(runs_per_query=2, stuck_query_frac=0.2, path_turns=10.0, trained_paths=2)
-    wl = wlm.parametric(cfg, SIM, 20, 0)
+    cfg = WorkloadConfig(runs_per_query=2, stuck_query_frac=0.2, path_turns=10.0)
+    wl = wlm.parametric(cfg, SIM, 20, 0, j_max=2)
     path = tmp_path / "trace.jsonl"
     wlm.write_trace(path, wl, timeout_s=3600.0)
     back = wlm.read_trace(path, SIM)
@@ -63,7 +63,7 @@ def test_malformed_trace_line_names_file_and_line(tmp_path, line, message):
 
 def test_missing_trace_is_a_workload_error(tmp_path):
     with pytest.raises(WorkloadError, match="workload.trace: file not found"):
-        wlm.load(WorkloadConfig(trace=str(tmp_path / "none.jsonl")), SIM, 10, 0)
+        wlm.load(WorkloadConfig(trace=str(tmp_path / "none.jsonl")), SIM, 10, 0, j_max=5)
 
 
 @pytest.mark.parametrize("override, key", [

@@ -41,7 +41,8 @@ def simulate_policy(cfg: Any, name: str, wl: workload_mod.Workload) -> tuple[Sim
 def compare(cfg: Any) -> tuple[dict[str, Any], dict[str, Simulation]]:
     """(JSON-ready result, the Simulation objects for plots) for every policy in ``cfg.sim.policies``."""
     validate_all(cfg)
-    wl = workload_mod.load(cfg.workload, cfg.sim, queries_needed(cfg), cfg.run.seed)
+    wl = workload_mod.load(cfg.workload, cfg.sim, queries_needed(cfg), cfg.run.seed,
+                           j_max=cfg.trajectory.j_max)
     sims, results = {}, {}
     for name in cfg.sim.policies:
         sims[name], results[name] = simulate_policy(cfg, name, wl)

@@ -12,6 +12,7 @@ Definitions
 
 Invariants
 - Fractions are in [0, 1]; role times of all cells sum to cells x hours.
+- ``switches`` counts each ordered switch once (its two timeline entries, transition and target, are one).
 """
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ def role_times(sim: Simulation, end: float) -> dict[str, float]:
         for (t0, role), (t1, _) in zip(events, events[1:] + [(end, "")]):
             out[role] = out.get(role, 0.0) + max(0.0, min(t1, end) - t0)
     return out
+
+
+def switch_count(sim: Simulation) -> int:
+    """Role switches ordered: each enters one transition (DRAINING or LOADING) and then its target role."""
+    return sum(1 for events in sim.timeline for _, role in events if role in ("draining", "loading"))
 
 
 def query_durations(sim: Simulation) -> tuple[np.ndarray, np.ndarray]:
@@ -60,7 +66,7 @@ def summarize(sim: Simulation, end: float, wall_s: float) -> dict[str, float]:
         "train_cell_frac": train_t / total,
         "rollout_cell_frac": roll_t / total,
         "switch_frac": switch_t / total,
-        "switches": sum(len(ev) - 1 for ev in sim.timeline),
+        "switches": switch_count(sim),
         "queries_completed": int(durations.size),
         "query_hours_mean": float(durations.mean() / 3600.0) if durations.size else 0.0,
         **{f"query_hours_p{q}": float(np.percentile(durations, q) / 3600.0) if durations.size else 0.0

@@ -51,6 +51,7 @@ def sim_row(result: dict[str, Any]) -> dict[str, Any]:
             row[key] = round(v, 3)
     row["frac_queries_ge_4h"] = round(result["workload"]["frac_queries_ge_4h"], 3)
     row["frac_queries_hit_timeout"] = round(result["workload"]["frac_queries_hit_timeout"], 3)
+    row["trained_tokens_per_run"] = round(result["workload"]["trained_tokens_per_run_mean"])  # moves with j_max
     return row
 
 

@@ -8,9 +8,12 @@ tools. Its *nominal work* is its duration on an unloaded engine::
 The engine part stretches with the load of the cell (``capacity.speed_factor``); tool time does not.
 A run that never finishes (a stuck agent, or a trace run that hit the timeout) has infinite work and is
 cut at the timeout. Tokens accrue uniformly over a run's work (``tok_per_work_s``). Context compression
-splits a run into paths of ``path_turns`` turns; with J_max (``trained_paths``) and the final-then-recent
-selection only the run's last J_max paths are trained, so the trained tokens are the last
-``train_window_s`` seconds of nominal work the run did (inf = the whole run).
+splits a run into paths of ``path_turns`` turns; with J_max (``trajectory.j_max``, the same key the trajectory
+processor reads) and its final-then-recent selection only the run's last J_max paths are trained, so the
+trained tokens are the last ``train_window_s`` seconds of nominal work the run did (inf = the whole run).
+Paths of equal length make the three selections (final_then_recent, final_then_longest, longest) pick the
+same amount of work. A trace carries its own ``trained_tokens`` (measured under the live run's J_max);
+``j_max`` does not change a trace.
 
 Parametric model: turns = turns_median x exp(query_sigma * z_q + run_sigma * z_r), with a fraction
 ``stuck_query_frac`` of queries whose runs never finish; per-turn costs are the configured means.
@@ -78,8 +81,9 @@ def _per_turn(cfg: WorkloadConfig, sim: SimConfig) -> tuple[float, float, float]
     return cfg.tool_s_per_turn + engine, cfg.tool_s_per_turn, cfg.prefill_tokens_per_turn + cfg.decode_tokens_per_turn
 
 
-def parametric(cfg: WorkloadConfig, sim: SimConfig, queries: int, seed: int) -> Workload:
-    """``queries`` groups of ``cfg.runs_per_query`` runs drawn from the parametric model."""
+def parametric(cfg: WorkloadConfig, sim: SimConfig, queries: int, seed: int, j_max: int | None = None) -> Workload:
+    """``queries`` groups of ``cfg.runs_per_query`` runs drawn from the parametric model; ``j_max`` paths of
+    ``cfg.path_turns`` turns are trained per run (None = all)."""
     rng = np.random.default_rng(seed)
     k = cfg.runs_per_query
     zq = rng.standard_normal(queries)
@@ -93,8 +97,8 @@ def parametric(cfg: WorkloadConfig, sim: SimConfig, queries: int, seed: int) -> 
     work[stuck] = np.inf
     tok = np.full(work.size, turn_tokens / turn_work)
     window = np.inf
-    if cfg.path_turns is not None and cfg.trained_paths is not None:
-        window = cfg.path_turns * cfg.trained_paths * turn_work
+    if cfg.path_turns is not None and j_max is not None:
+        window = cfg.path_turns * j_max * turn_work
     return Workload(work.ravel(), tok, np.full(work.size, window), np.arange(queries + 1) * k,
                     turn_tool / turn_work)
 
@@ -171,8 +175,9 @@ def write_trace(path: str | Path, wl: Workload, timeout_s: float) -> None:
     os.replace(tmp, p)
 
 
-def load(cfg: WorkloadConfig, sim: SimConfig, queries: int, seed: int) -> Workload:
-    """The workload of a simulation: ``queries`` groups from the trace (cycled) or the parametric model."""
+def load(cfg: WorkloadConfig, sim: SimConfig, queries: int, seed: int, *, j_max: int | None) -> Workload:
+    """The workload of a simulation: ``queries`` groups from the trace (cycled) or the parametric model with
+    ``j_max`` (``trajectory.j_max``) paths trained per run."""
     if cfg.trace is not None:
         return read_trace(cfg.trace, sim).take(queries)
-    return parametric(cfg, sim, queries, seed)
+    return parametric(cfg, sim, queries, seed, j_max)
