@@ -41,7 +41,8 @@ def test_flush_appends_selected_runs_and_keeps_the_others_buffered(tmp_path):
     rec.add_outcome(outcome("q0-r1", RunStatus.EVAL_FAILURE, None))
     path = tmp_path / "step-0.jsonl"
     done = rec.flush(path, ["q0-r0", "q0-r1"])
-    assert done == {"path": str(path), "calls": 4, "outcomes": 2, "runs": ["q0-r0", "q0-r1"]}
+    assert done == {"path": str(path), "calls": 4, "outcomes": 2, "runs": ["q0-r0", "q0-r1"], "recovered": [],
+                    "served": {"q0-r0": {"calls": 2, "output_tokens": 3}, "q0-r1": {"calls": 2, "output_tokens": 3}}}
     log = read_tito(path)  # a complete, valid TITO file
     assert [(c.run_id, c.call_id) for c in log.calls] == [("q0-r0", "c0"), ("q0-r0", "c1"), ("q0-r1", "c0"),
                                                            ("q0-r1", "c1")]
@@ -68,9 +69,11 @@ def test_outcomes_need_a_score_exactly_when_their_status_has_one():
         rec.add_outcome(outcome("q0-r0", RunStatus.EVAL_FAILURE, 0.0))
     with pytest.raises(ProxyError, match=r"a score in \[0, 1\]"):
         rec.add_outcome(outcome("q0-r0", RunStatus.SCORED, None))
-    rec.add_outcome(outcome("q0-r0"))
-    with pytest.raises(ProxyError, match="already has a buffered outcome"):
-        rec.add_outcome(outcome("q0-r0"))
+    assert rec.add_outcome(outcome("q0-r0"))
+    assert not rec.add_outcome(outcome("q0-r0"))  # the same outcome again (a retried post): accepted, no change
+    with pytest.raises(ProxyError, match="already has a different outcome") as err:
+        rec.add_outcome(outcome("q0-r0", score=1.0))
+    assert err.value.status == 409 and rec.pending()["outcomes"] == 1
 
 
 # ------------------------------------------------------------------------------------------- event log
