@@ -32,17 +32,21 @@ class LostGroups:
     def __init__(self, groups: Callable[[], list[dict]], max_share: float, planned: int):
         self.groups, self.max_share, self.planned = groups, max_share, planned
         self.seen = len(groups())  # restored from an earlier segment: logged there
+        self.lost = sum(bool(g.get("lost")) for g in groups())
         self.error: str | None = None
 
     def poll(self, write: Callable[[dict], None]) -> str | None:
         """Log the groups lost since the last poll; returns the error once the share is exceeded."""
         groups = self.groups()
+        if len(groups) == self.seen:
+            return self.error
         new, self.seen = groups[self.seen:], len(groups)
         for g in new:
             if g.get("lost"):
+                self.lost += 1
                 write({"event": "group_lost", "gid": g["gid"], "runs": g["runs"], "reason": g["lost"]})
-        lost = sum(bool(g.get("lost")) for g in groups)
-        if self.error is None and new and over_share(lost, len(groups), self.planned, self.max_share):
+        lost = self.lost
+        if self.error is None and over_share(lost, len(groups), self.planned, self.max_share):
             self.error = (f"data loss: {lost} of {len(groups)} groups lost (more than "
                           f"allocator.max_lost_group_share={self.max_share:g} of max({self.planned} planned, "
                           f"{len(groups)} completed)); the first: group {_first(groups)}")
