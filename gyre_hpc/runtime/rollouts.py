@@ -4,7 +4,7 @@
 
     allocator loop ── admit(n) ──▶ n new groups (queries) start; their runs call the proxy
     group's runs all ended ──▶ proxy /admin/flush_tito (with the runs' outcomes) → tito/q<gid>.jsonl
-                               ──▶ integrity check (file vs proxy's served counts vs harness) ──▶ build_batch
+                               ──▶ integrity check (file vs the proxy's counts vs harness) ──▶ build_batch
                                (tree, J_max, scoring) ──▶ one line of groups.jsonl (admit/ready times, per-run
                                end, trained tokens) ──▶ hub.offer(group) and GroupsReady(1, work_s)
                                (fixed batches: held until the whole batch is ready, then all B in order)
