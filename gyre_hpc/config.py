@@ -385,9 +385,15 @@ class AllocatorConfig:
     poll_backoff_max_s: float = param(5e-3, "Longest sleep of an idle polling loop (the reaction-time bound).")
     shutdown_timeout_s: float = param(30.0, "Seconds the allocator waits for every cell's Bye after sending Shutdown.")
     events_file: str = param("events.jsonl", "Event log (JSONL) in the run directory: every order, switch and loss.")
+    max_lost_group_share: float = param(
+        0.05, "A live run stops with an error once more than this share of its groups is lost (TITO records missing, "
+              "cut or inconsistent with what the proxy served; of max(steps x batch_groups, groups completed)); "
+              "0 = at the first.")
 
     def check(self) -> None:
         require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
+        require(0.0 <= self.max_lost_group_share <= 1.0, "max_lost_group_share",
+                f"must be in [0, 1], got {self.max_lost_group_share}")
         for key in ("heartbeat_interval_s", "hello_timeout_s", "poll_backoff_min_s", "shutdown_timeout_s"):
             require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
         require(self.heartbeat_timeout_s >= 2 * self.heartbeat_interval_s, "heartbeat_timeout_s",

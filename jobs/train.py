@@ -97,6 +97,11 @@ def run(args: argparse.Namespace) -> int:
                         f"(events.jsonl, cells/, proxy.log)")
     summary = json.loads(summary_path.read_text())
     _print(summary, args.json)
+    if summary.get("groups_lost"):
+        print(f"gyre train: warning: {summary['groups_lost']} group(s) lost, their runs trained nothing (TITO "
+              f"records missing, cut or inconsistent); see lost_groups in {summary_path}", file=sys.stderr)
+    if summary.get("error"):
+        raise GyreError(f"{summary['error']}; see {summary_path} and events.jsonl")
     return 0 if code == 0 else code
 
 
@@ -288,6 +293,8 @@ def _role(cfg, args: argparse.Namespace, run_dir: Path, transport, comm, preempt
         preempted = bool(out.get("preempted"))
         if not preempted:
             _print(out, args.json)  # the job's output ends with the summary
+        if out.get("error"):  # stopped in order, but failed (data loss): the step fails
+            return 1
     else:
         from gyre_hpc.cell.runner import CellRunner
 

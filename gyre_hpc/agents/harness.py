@@ -8,6 +8,9 @@ Per run, one file ``<out_dir>/<run_id>.jsonl`` (``trajectory.records.write_tito`
 the run ends. Talking to an engine directly, it holds the run's calls (in finishing order) and its outcome: the
 harness records TITO itself. Behind the gyre proxy (``proxy=True``) the proxy records the calls; the file holds
 the outcome only, and the outcome is also posted to the proxy (``POST /tito/outcome``) so its TITO is complete.
+The post is idempotent on the proxy, so one that gets no answer is sent again (``OUTCOME_POST_TRIES``); its
+connections are dropped after ``KEEPALIVE.keepalive_expiry`` idle seconds, before the server closes them (a
+post sent on a connection the server is closing is lost: issue 16). What still fails is in ``post_error``.
 
 A ``/generate`` that comes back with ``finish_reason`` abort (a proxy gives up only when no engine can take the
 run) is recorded as a call and re-issued from the same input, ``agent.abort_retries`` times (new call ids
@@ -38,10 +41,12 @@ import numpy as np
 from gyre_hpc.agents.env import Episode, Generate, Tool, rid_for
 from gyre_hpc.agents.workload import Workload
 from gyre_hpc.config import AgentConfig
-from gyre_hpc.engines.client import AsyncEngineClient
+from gyre_hpc.engines.client import KEEPALIVE, AsyncEngineClient
 from gyre_hpc.engines.protocol import GenerateResult
 from gyre_hpc.errors import ConfigError, EngineError
 from gyre_hpc.trajectory.records import Call, Outcome, TitoLog, outcome_record, read_tito, write_tito
+
+OUTCOME_POST_TRIES = 3  # an outcome post that got no answer is sent again (the proxy accepts a repeat)
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,7 +83,8 @@ class Harness:
 
     def __init__(self, cfg: AgentConfig, url: str, out_dir: str | Path, *, vocab_size: int, seed: int,
                  proxy: bool = False, context_len: int | None = None, engine_name: str | None = None,
-                 request_timeout_s: float = 600.0, connect_retries: int = 3):
+                 request_timeout_s: float = 600.0, connect_retries: int = 3,
+                 post_transport: httpx.AsyncBaseTransport | None = None):
         if context_len is not None and cfg.context_budget > context_len:
             raise ConfigError(f"agent.context_budget: {cfg.context_budget} exceeds the engine's context length "
                               f"(engine.context_len={context_len})")
@@ -87,6 +93,7 @@ class Harness:
         self.proxy = proxy
         self.engine_name = engine_name or url
         self._client_args = dict(timeout=request_timeout_s, connect_retries=connect_retries)
+        self.post_transport = post_transport  # the outcome posts' transport (default: pooled, KEEPALIVE)
 
     def run(self, groups: Sequence[int]) -> list[RunResult]:
         """Run the groups of these query indices concurrently (all their runs at once); blocks."""
@@ -94,7 +101,8 @@ class Harness:
 
     async def run_async(self, groups: Sequence[int]) -> list[RunResult]:
         client = AsyncEngineClient(self.url, **self._client_args)
-        posts = httpx.AsyncClient(base_url=self.url, timeout=30.0) if self.proxy else None
+        transport = self.post_transport or httpx.AsyncHTTPTransport(retries=1, limits=KEEPALIVE)
+        posts = httpx.AsyncClient(base_url=self.url, timeout=30.0, transport=transport) if self.proxy else None
         try:
             episodes = [ep for g in groups for ep in self.workload.group(g)]
             return list(await asyncio.gather(*(self._run(client, posts, ep) for ep in episodes)))
@@ -175,12 +183,16 @@ async def _post(posts: httpx.AsyncClient | None, outcome: Outcome) -> str | None
     """Proxy mode: hand the outcome to the proxy's TITO recorder; returns the error, if any."""
     if posts is None:
         return None
-    try:
-        body = {k: v for k, v in outcome_record(outcome).items() if k != "type"}
-        resp = await posts.post("/tito/outcome", json=body)
-    except httpx.TransportError as exc:
-        return f"no answer ({type(exc).__name__}: {exc})"
-    return None if resp.status_code < 400 else f"HTTP {resp.status_code}: {resp.text[:300]}"
+    body = {k: v for k, v in outcome_record(outcome).items() if k != "type"}
+    error = ""
+    for _ in range(OUTCOME_POST_TRIES):
+        try:
+            resp = await posts.post("/tito/outcome", json=body)
+        except httpx.TransportError as exc:
+            error = f"no answer ({type(exc).__name__}: {exc})"
+            continue
+        return None if resp.status_code < 400 else f"HTTP {resp.status_code}: {resp.text[:300]}"
+    return f"{error} ({OUTCOME_POST_TRIES} tries)"
 
 
 def read_runs(paths: Sequence[str | Path], vocab_size: int | None = None) -> TitoLog:

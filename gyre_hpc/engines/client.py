@@ -158,6 +158,7 @@ def _timeout(timeout: float, connect_timeout: float) -> httpx.Timeout:
 #: keep-alive connections after 5 s, and a request sent on a connection it is closing fails with ReadError —
 #: which the client must not retry (a /generate is never sent twice).
 _LIMITS = httpx.Limits(keepalive_expiry=2.0)
+KEEPALIVE = _LIMITS  # for other clients of gyre's uvicorn services (the harness's outcome posts)
 
 
 class EngineClient:

@@ -76,9 +76,14 @@ class ProxyClient:
     def events(self, since: int = 0) -> list[dict]:
         return self._call("GET", "/admin/events", since=since)["events"]
 
-    def flush_tito(self, path: str, run_ids: Sequence[str] | None = None) -> dict:
-        return self._call("POST", "/admin/flush_tito", {"path": str(path), "run_ids": None if run_ids is None
-                                                        else list(run_ids)})
+    def flush_tito(self, path: str, run_ids: Sequence[str] | None = None,
+                   outcomes: Sequence[dict] | None = None) -> dict:
+        """Append the runs' records to ``path``; ``outcomes`` (outcome records of exactly those runs) are
+        written unless the proxy holds them already (docs/proxy.md)."""
+        body = {"path": str(path), "run_ids": None if run_ids is None else list(run_ids)}
+        if outcomes is not None:
+            body["outcomes"] = [{k: v for k, v in o.items() if k != "type"} for o in outcomes]
+        return self._call("POST", "/admin/flush_tito", body)
 
     def loads(self) -> dict:
         return self._call("GET", "/v1/loads")

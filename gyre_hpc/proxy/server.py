@@ -10,7 +10,7 @@ Harness side (SGLang shapes): ``POST /generate`` (``rid = "<run_id>/<call_id>"``
 ``query_id``), ``POST /abort_request {rid} | {abort_all: true}``, ``GET /health``, ``GET /v1/loads``.
 Runtime side: ``GET|POST /admin/engines`` (list / add ``{url, cell, name?}``), ``POST /admin/drain``,
 ``POST /admin/dead``, ``POST /admin/remove`` (each ``{engine: name} | {cell: index}``), ``GET /admin/stats``,
-``GET /admin/events``, ``POST /admin/flush_tito {path, run_ids?}``, ``POST /tito/outcome``. docs/proxy.md has
+``GET /admin/events``, ``POST /admin/flush_tito {path, run_ids?, outcomes?}``, ``POST /tito/outcome``. docs/proxy.md has
 the bodies and answers.
 
 Invariants
@@ -179,11 +179,15 @@ class ProxyServer:
         return {"events": list(self.service.events.events)[since:]}
 
     async def flush_tito(self, request: Request):
-        body = _fields(await _json(request), ("path",), ("run_ids",))
+        body = _fields(await _json(request), ("path",), ("run_ids", "outcomes"))
         run_ids = body.get("run_ids")
         if run_ids is not None and (not isinstance(run_ids, list) or not all(isinstance(r, str) for r in run_ids)):
             raise ProxyError(f"run_ids: expected a list of run ids or null, got {run_ids!r}")
-        return self.service.flush_tito(str(body["path"]), run_ids)
+        outcomes = body.get("outcomes")
+        if outcomes is not None and not isinstance(outcomes, list):
+            raise ProxyError(f"outcomes: expected a list of outcome objects or null, got {outcomes!r:.80}")
+        return self.service.flush_tito(str(body["path"]), run_ids,
+                                       None if outcomes is None else [_outcome(o) for o in outcomes])
 
     async def outcome(self, request: Request):
         outcome = _outcome(await _json(request))

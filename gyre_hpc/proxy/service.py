@@ -23,7 +23,10 @@ Invariants (tests/integration/test_proxy.py)
 - Every engine request started in the router is finished there exactly once (``finally``), so loads never drift.
 - Each move is logged once with its cost (partial tokens, re-prefill tokens, seconds from the abort or the
   failure to the resubmission); engine lifecycle (add, drain, dead, remove) is in ``admin.py``.
-- A call is recorded in TITO exactly when its answer goes back to the harness.
+- A call is recorded in TITO exactly when its answer goes back to the harness, unless its run's outcome was
+  flushed meanwhile: such a late call is logged (``late_call``) and counted (``calls_late``), never written.
+- A run's outcome reaches its file exactly once: by ``POST /tito/outcome`` (idempotent), or with the flush that
+  names the run (``outcome_recovered`` when only the flush brought it; counted in ``outcomes_recovered``).
 """
 from __future__ import annotations
 
@@ -79,7 +82,7 @@ class ProxyService(EngineAdmin):
         self._calls: dict[str, _Call] = {}  # harness rid -> call
         self._keys = itertools.count()
         self._wake = asyncio.Event()
-        self.counts = {"calls_done": 0, "moves": 0, "calls_lost": 0}
+        self.counts = {"calls_done": 0, "moves": 0, "calls_lost": 0, "calls_late": 0, "outcomes_recovered": 0}
         self._runs_moved: set[str] = set()
         self._runs_lost: set[str] = set()
 
@@ -97,8 +100,11 @@ class ProxyService(EngineAdmin):
                 call.segments.append(Segment("", (), (), (), HARNESS_ABORT))
             t_end = time.time()
             body = answer(req, call.segments, t_end - call.t_start, call.moves)
-            self.recorder.add_call(tito_call(req, call.segments, call.t_start, t_end))
             recorded = True
+            if not self.recorder.add_call(tito_call(req, call.segments, call.t_start, t_end)):
+                self.counts["calls_late"] += 1  # its run's outcome was flushed meanwhile: never in a file
+                self.events.write("late_call", rid=req.rid, run_id=req.run_id, call_id=req.call_id,
+                                  output_tokens=len(produced(call.segments)), file=self.recorder.closed[req.run_id])
             self.counts["calls_done"] += 1
             if call.moves:
                 self.events.write("moved_call_done", rid=req.rid, run_id=req.run_id, call_id=req.call_id,
@@ -247,8 +253,13 @@ class ProxyService(EngineAdmin):
         self.recorder.add_outcome(outcome)
         self.router.release(outcome.run_id)
 
-    def flush_tito(self, path: str, run_ids: Iterable[str] | None = None) -> dict:
-        return self.recorder.flush(path, run_ids)
+    def flush_tito(self, path: str, run_ids: Iterable[str] | None = None,
+                   outcomes: Iterable[Outcome] | None = None) -> dict:
+        done = self.recorder.flush(path, run_ids, outcomes)
+        for run_id in done["recovered"]:  # its outcome never came by POST /tito/outcome (or not yet)
+            self.counts["outcomes_recovered"] += 1
+            self.events.write("outcome_recovered", run_id=run_id, file=done["path"])
+        return done
 
     def stats(self) -> dict:
         return {**self.counts, "calls_in_flight": len(self._calls), "runs_moved": len(self._runs_moved),

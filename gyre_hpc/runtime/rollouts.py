@@ -3,15 +3,20 @@
 ::
 
     allocator loop ── admit(n) ──▶ n new groups (queries) start; their runs call the proxy
-    group's runs all ended ──▶ proxy /admin/flush_tito → tito/q<gid>.jsonl ──▶ build_batch (tree, J_max,
-                               scoring) ──▶ one line of groups.jsonl (admit/ready times, per-run end, trained
-                               tokens) ──▶ hub.offer(group) and GroupsReady(1, work_s) to the allocator
+    group's runs all ended ──▶ proxy /admin/flush_tito (with the runs' outcomes) → tito/q<gid>.jsonl
+                               ──▶ integrity check (file vs the proxy's counts vs harness) ──▶ build_batch
+                               (tree, J_max, scoring) ──▶ one line of groups.jsonl (admit/ready times, per-run
+                               end, trained tokens) ──▶ hub.offer(group) and GroupsReady(1, work_s)
                                (fixed batches: held until the whole batch is ready, then all B in order)
     every 0.25 s ──▶ RunsChanged(runs per cell from the proxy's in-flight counts, runs ended)
 
 Invariants (tests/integration/test_live_training.py)
 - Groups become ready in completion order; each is offered to the hub exactly once, after its TITO file is
-  complete (every run's calls and its outcome).
+  complete: the flush carries every run's outcome (whatever happened to the harness's post), so each run of
+  the group has exactly one outcome record in the file before the group is built.
+- A group trains only if its file passes ``trajectory.integrity.check_group``; otherwise (or if the file cannot
+  be read or packed) it is *lost*: offered empty (its batch slot trains nothing), ``lost`` is the reason in
+  ``groups``, its runs count as neither scored nor trained (``runtime.dataloss`` logs and limits it).
 - Fixed batches (non-streaming policies, as in the simulator): batch b = the groups admitted b*B .. b*B+B-1
   (counted from 0, or from the first group admitted after a resume); a ready group is held until every
   group of its batch is ready and every earlier batch went out, then the batch goes to the hub in admission
@@ -38,7 +43,7 @@ from gyre_hpc.cell import dataplane as dp
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import GyreError
 from gyre_hpc.runtime.batches import FixedBatches
-from gyre_hpc.trajectory.records import TitoLog, read_tito
+from gyre_hpc.trajectory.records import TitoLog, outcome_record, read_tito
 
 WORK_S_PER_TOKEN = 2e-4  # rough CPU training cost per packed token, for the policies' backlog estimate
 
@@ -89,18 +94,19 @@ class Rollouts:
         results = await self.harness.run_async([gid])
         self.ended_runs += len(results)
         try:
-            group = await asyncio.to_thread(self._build, gid, results)
-        except GyreError as exc:  # a group that cannot be packed trains nothing; the run goes on
-            self.errors.append(f"group {gid}: {exc}")
-            group = dp.Group(gid, None, 0, runs=len(results))
+            group, lost = await asyncio.to_thread(self._build, gid, results)
+        except GyreError as exc:  # a group that cannot be read or packed trains nothing; the run goes on
+            group, lost = dp.Group(gid, None, 0, runs=len(results)), str(exc)
+        if lost is not None:
+            self.errors.append(f"group {gid}: {lost}")
         group.t_ready = time.time()
-        group.rewards = [r.outcome.score for r in results if r.outcome.score is not None]
+        group.rewards = [] if lost else [r.outcome.score for r in results if r.outcome.score is not None]
         group.runs = len(results)
         if self.closed:  # preempted meanwhile: not part of the saved buffer
             return
         self.groups.append({"gid": gid, "runs": len(results), "seconds": group.t_ready - t0,
                             "rewards": group.rewards, "versions": list(group.gen_versions),
-                            "statuses": [r.outcome.status.value for r in results]})
+                            "statuses": [r.outcome.status.value for r in results], "lost": lost})
         self._record(gid, t0, group, results)
         if self.batches is None:
             self._release([group])
@@ -140,14 +146,24 @@ class Rollouts:
         with open(self.run_dir / "groups.jsonl", "a") as f:
             f.write(json.dumps(rec) + "\n")
 
-    def _build(self, gid: int, results) -> dp.Group:
+    def _build(self, gid: int, results) -> tuple[dp.Group, str | None]:
+        """Flush the group's records (with its outcomes) and build its batch from the file; a group whose
+        file fails the integrity check comes back empty, with the problems as the reason it is lost."""
         from gyre_hpc.proxy.client import ProxyClient
+        from gyre_hpc.trajectory.integrity import Served, check_group
 
         path = self.tito_path(gid)
         with ProxyClient(self.proxy_url, timeout=60.0) as proxy:
-            proxy.flush_tito(str(path), [r.run_id for r in results])
-        calls = read_tito(path, self.cfg.model.vocab_size).calls
-        return self._batch(gid, TitoLog(calls, tuple(r.outcome for r in results), str(path)))
+            done = proxy.flush_tito(str(path), [r.run_id for r in results],
+                                    [outcome_record(r.outcome) for r in results])
+        log = read_tito(path, self.cfg.model.vocab_size)
+        served = {r: Served(int(n["calls"]), int(n["output_tokens"])) for r, n in done["served"].items()}
+        problems = check_group(log, [r.outcome for r in results], served, {r.run_id: r.calls for r in results})
+        if problems:
+            versions = tuple(sorted({int(v) for c in log.calls for v in c.output_versions}))
+            return dp.Group(gid, None, 0, gen_versions=versions), (
+                f"{path}: {len(problems)} integrity problem(s): " + "; ".join(problems[:5]))
+        return self._batch(gid, log), None
 
     def _batch(self, gid: int, log: TitoLog) -> dp.Group:
         from gyre_hpc.trajectory.pipeline import build_batch

@@ -9,6 +9,8 @@
     before the orderly shutdown: cut the runs still going, read the proxy's stats
     after it: stop the proxy, read the cells' stats, replay the run in the simulator (sim_wall_s),
               write summary.json and the report PNGs
+    data loss (runtime.dataloss): each lost group is an event; above allocator.max_lost_group_share the run
+               stops in order with reason "error: data loss ..." (summary "error"; gyre train exits 2)
     preempted (SIGTERM/SIGUSR1, runtime.preempt): no more groups or decisions; once no step is pending, the
                resume state goes to RUN_DIR/resume and the cells get Shutdown("preempted: SIG"); no summary
     resumed (RUN_DIR/resume exists): buffer, counters and step records come back before the first decision
@@ -38,7 +40,7 @@ from gyre_hpc.allocator.types import Role
 from gyre_hpc.config import GyreConfig, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
 from gyre_hpc.io import atomic_write_json, atomic_write_text
-from gyre_hpc.runtime import preempt
+from gyre_hpc.runtime import dataloss, preempt
 from gyre_hpc.runtime.hub import Hub
 from gyre_hpc.runtime.rollouts import Rollouts
 
@@ -54,9 +56,12 @@ class LiveServer(AllocatorServer):
         self.hub, self.before_shutdown, self.progress = hub, before_shutdown, progress
         self.preemption = preemption or preempt.Preemption()
         self.last_progress = 0.0
+        self.lost_groups: dataloss.LostGroups | None = None
 
     def stop_reason(self) -> str | None:
         reason = super().stop_reason()
+        if reason is None and self.lost_groups is not None and self.lost_groups.error is not None:
+            return f"error: {self.lost_groups.error}"
         if reason is not None or not self.preemption.requested:
             return reason
         self.hub.freeze()  # the core can finish the step already out, and no other
@@ -69,6 +74,8 @@ class LiveServer(AllocatorServer):
 
     def step(self) -> bool:
         changed = super().step()
+        if self.lost_groups is not None:
+            self.lost_groups.poll(self.log.write)
         if self.clock.now() - self.last_progress > PROGRESS_EVERY_S:
             self.last_progress = self.clock.now()
             self.progress()
@@ -149,6 +156,7 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
                 _save_resume(run_dir, server, hub, rollouts, steps, {**carry, "proxy": end["proxy"]}, policy,
                              preemption, end, time.perf_counter() - t0)
             end["groups_cut"] = rollouts.stop()
+            server.lost_groups.poll(server.log.write)  # the groups that completed since the last pass
 
         server = LiveServer(policy, cfg.allocator, transport, log, admit=rollouts.admit,
                             runs_per_query=cfg.agent.runs_per_group, hub=hub, before_shutdown=before_shutdown,
@@ -159,6 +167,8 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
         if saved:
             steps.extend(saved["steps"])
             _restore(saved, run_dir, server, hub, rollouts, policy)
+        server.lost_groups = dataloss.LostGroups(lambda: rollouts.groups, cfg.allocator.max_lost_group_share,
+                                                 cfg.allocator.steps * cfg.scheduler.batch_groups)
         stop = server.run()
     finally:
         proxy.stop()
@@ -225,6 +235,7 @@ def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollou
     proxy = end.get("proxy", {})
     events = [e["event"] for e in read_events(run_dir / cfg.allocator.events_file)]
     statuses = [s for g in rollouts.groups for s in g["statuses"]]
+    loss = dataloss.summary(rollouts.groups)
     return {
         "policy": cfg.scheduler.policy, "steps": len(steps), "wall_s": round(carry.get("wall_s", 0.0) + wall, 2),
         "segments": carry.get("segments", 0) + 1,
@@ -234,7 +245,10 @@ def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollou
         "weight_pull_checksum_ok": bool(pulls) and all(p["checksum_ok"] for p in pulls),
         "runs_finished": carry.get("runs_finished", 0) + rollouts.ended_runs, "runs_scored": sum(len(g["rewards"]) for g in rollouts.groups),
         "run_statuses": {k: statuses.count(k) for k in sorted(set(statuses))},
-        "runs_lost": proxy.get("runs_lost"), "runs_moved": proxy.get("runs_moved"),
+        "runs_lost": (proxy.get("runs_lost") or 0) + loss["runs_lost_in_groups"],
+        "groups_lost": loss["groups_lost"], "lost_groups": loss["lost_groups"],
+        "calls_late": proxy.get("calls_late", 0), "outcomes_recovered": proxy.get("outcomes_recovered", 0),
+        "runs_moved": proxy.get("runs_moved"),
         "calls_moved": proxy.get("moves"), "groups_cut_at_stop": end.get("groups_cut", 0),
         "engine_deaths": events.count("engine_died"), "engine_restarts": events.count("engine_restarted"),
         "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
@@ -247,6 +261,7 @@ def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollou
                      for d in ("total", "drain", "engine_stop", "engine_sleep", "weight_pull", "engine_start",
                                "engine_wake")},
         "build_errors": rollouts.errors, "stop": stop, "run_dir": str(run_dir),
+        **({"error": stop["reason"][len("error: "):]} if stop["reason"].startswith("error: data loss") else {}),
     }
 
 

@@ -11,8 +11,9 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 480
 
 
-def run_live(out: Path, overrides: list[str]) -> tuple[dict, Path, str]:
-    """(summary, run directory, stderr) of a live run under ``out``; on a timeout the test fails with the ranks' stacks."""
+def run_live(out: Path, overrides: list[str], returncode: int = 0) -> tuple[dict, Path, str]:
+    """(summary, run directory, stderr) of a live run under ``out`` that exits with ``returncode``; on a timeout the
+    test fails with the ranks' stacks."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(ROOT / "configs" / "local.yaml"), "--json",
@@ -25,6 +26,6 @@ def run_live(out: Path, overrides: list[str]) -> tuple[dict, Path, str]:
         stdout, stderr = proc.communicate(timeout=60)
         traces = "".join(p.read_text()[-3000:] for p in out.glob("*/traces/*.txt"))
         pytest.fail(f"the live run did not finish in {TIMEOUT_S} s; stacks of its ranks:\n{traces}\n{stderr[-3000:]}")
-    assert proc.returncode == 0, stderr[-4000:]
+    assert proc.returncode == returncode, stderr[-4000:]
     summary = json.loads(stdout.strip().splitlines()[-1])
     return summary, Path(summary["run_dir"]), stderr

@@ -41,7 +41,8 @@ def test_flush_appends_selected_runs_and_keeps_the_others_buffered(tmp_path):
     rec.add_outcome(outcome("q0-r1", RunStatus.EVAL_FAILURE, None))
     path = tmp_path / "step-0.jsonl"
     done = rec.flush(path, ["q0-r0", "q0-r1"])
-    assert done == {"path": str(path), "calls": 4, "outcomes": 2, "runs": ["q0-r0", "q0-r1"]}
+    assert done == {"path": str(path), "calls": 4, "outcomes": 2, "runs": ["q0-r0", "q0-r1"], "recovered": [],
+                    "served": {"q0-r0": {"calls": 2, "output_tokens": 3}, "q0-r1": {"calls": 2, "output_tokens": 3}}}
     log = read_tito(path)  # a complete, valid TITO file
     assert [(c.run_id, c.call_id) for c in log.calls] == [("q0-r0", "c0"), ("q0-r0", "c1"), ("q0-r1", "c0"),
                                                            ("q0-r1", "c1")]
@@ -68,9 +69,11 @@ def test_outcomes_need_a_score_exactly_when_their_status_has_one():
         rec.add_outcome(outcome("q0-r0", RunStatus.EVAL_FAILURE, 0.0))
     with pytest.raises(ProxyError, match=r"a score in \[0, 1\]"):
         rec.add_outcome(outcome("q0-r0", RunStatus.SCORED, None))
-    rec.add_outcome(outcome("q0-r0"))
-    with pytest.raises(ProxyError, match="already has a buffered outcome"):
-        rec.add_outcome(outcome("q0-r0"))
+    assert rec.add_outcome(outcome("q0-r0"))
+    assert not rec.add_outcome(outcome("q0-r0"))  # the same outcome again (a retried post): accepted, no change
+    with pytest.raises(ProxyError, match="already has a different outcome") as err:
+        rec.add_outcome(outcome("q0-r0", score=1.0))
+    assert err.value.status == 409 and rec.pending()["outcomes"] == 1
 
 
 # ------------------------------------------------------------------------------------------- event log
@@ -126,3 +129,66 @@ def test_proxy_config_defaults_and_dotted_errors():
         load_config(None, ["proxy.port=70000"])
     with pytest.raises(ConfigError, match=r"proxy\.drain_timeout_s: must be > 0"):
         load_config(None, ["proxy.drain_timeout_s=0"])
+
+
+# ------------------------------------------------------------------------- closed runs (issue 16)
+def test_a_flush_that_carries_outcomes_writes_each_run_exactly_once_whether_or_not_it_was_posted(tmp_path):
+    rec = TitoRecorder()
+    for run in ("q0-r0", "q0-r1"):
+        rec.add_call(Call.of(run, "c0", [1, 2], [3, 4]))
+    rec.add_outcome(outcome("q0-r0"))  # posted; q0-r1's post was lost
+    done = rec.flush(tmp_path / "q0.jsonl", ["q0-r0", "q0-r1"], [outcome("q0-r0"), outcome("q0-r1", score=1.0)])
+    assert done["recovered"] == ["q0-r1"] and done["outcomes"] == 2
+    log = read_tito(tmp_path / "q0.jsonl")
+    assert sorted(o.run_id for o in log.outcomes) == ["q0-r0", "q0-r1"]
+    assert rec.closed == {"q0-r0": str(tmp_path / "q0.jsonl"), "q0-r1": str(tmp_path / "q0.jsonl")}
+    assert not rec.add_outcome(outcome("q0-r1", score=1.0))  # the lost post arrives late: no second record
+    with pytest.raises(ProxyError, match="different outcome") as err:
+        rec.add_outcome(outcome("q0-r1", score=0.0))
+    assert err.value.status == 409 and rec.pending() == {"calls": 0, "outcomes": 0}
+
+
+def test_a_late_call_of_a_closed_run_is_dropped_and_a_new_one_refused_so_no_file_gets_an_unfinished_run(tmp_path):
+    rec = TitoRecorder()
+    rec.reserve("q0-r0", "c0")
+    rec.reserve("q0-r0", "c1")  # still in flight when the group is flushed
+    rec.add_call(Call.of("q0-r0", "c0", [1, 2], [3]))
+    rec.flush(tmp_path / "q0.jsonl", ["q0-r0"], [outcome("q0-r0")])
+    assert rec.add_call(Call.of("q0-r0", "c1", [1, 2, 3], [4])) is False  # late: never buffered
+    with pytest.raises(ProxyError, match="has ended") as err:
+        rec.reserve("q0-r0", "c2")
+    assert err.value.status == 409
+    rec.add_call(Call.of("q1-r0", "c0", [1], [2]))
+    rec.add_outcome(outcome("q1-r0"))
+    rec.flush(tmp_path / "all.jsonl")  # a later flush of everything has no record of the closed run
+    assert [c.run_id for c in read_tito(tmp_path / "all.jsonl").calls] == ["q1-r0"]
+    assert len(read_tito(tmp_path / "q0.jsonl").calls) == 1
+
+
+def test_a_refused_flush_writes_nothing_and_keeps_the_buffer(tmp_path):
+    rec = TitoRecorder()
+    rec.add_call(Call.of("q0-r0", "c0", [1, 2], [3]))
+    rec.add_outcome(outcome("q0-r0"))
+    path = tmp_path / "q0.jsonl"
+    with pytest.raises(ProxyError, match="different buffered outcome") as err:
+        rec.flush(path, ["q0-r0"], [outcome("q0-r0", score=0.0)])
+    assert err.value.status == 409
+    with pytest.raises(ProxyError, match="no outcome given for run 'q0-r1'"):
+        rec.flush(path, ["q0-r0", "q0-r1"], [outcome("q0-r0")])
+    with pytest.raises(ProxyError, match="must name its run_ids"):
+        rec.flush(path, None, [outcome("q0-r0")])
+    assert not path.exists() and rec.pending() == {"calls": 1, "outcomes": 1}
+    rec.flush(path, ["q0-r0"], [outcome("q0-r0")])
+    with pytest.raises(ProxyError, match="was flushed already") as err:
+        rec.flush(tmp_path / "again.jsonl", ["q0-r0"], [outcome("q0-r0")])
+    assert err.value.status == 409 and not (tmp_path / "again.jsonl").exists()
+
+
+def test_served_counts_every_recorded_call_of_an_open_run_even_those_flushed_to_another_file(tmp_path):
+    rec = TitoRecorder()
+    rec.add_call(Call.of("q0-r0", "c0", [1, 2], [3, 4, 5]))
+    rec.flush(tmp_path / "elsewhere.jsonl")  # e.g. an admin flush of everything: the call went there
+    rec.add_call(Call.of("q0-r0", "c1", [1, 2, 3], [6]))
+    done = rec.flush(tmp_path / "q0.jsonl", ["q0-r0"], [outcome("q0-r0")])
+    assert done["served"] == {"q0-r0": {"calls": 2, "output_tokens": 4}}  # the group file has 1 call, 1 token
+    assert len(read_tito(tmp_path / "q0.jsonl").calls) == 1
