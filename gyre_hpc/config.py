@@ -92,6 +92,13 @@ class TrajectoryConfig:
                 f"must be >= 1 or null, got {self.vocab_size}")
 
 
+#: upper bounds of the cluster geometry (far above any allocation this suite plans for; a typo such as
+#: cells=100000 fails at load instead of building a layout for hours)
+GEOMETRY_LIMITS = {"cells": 4096, "nodes_per_cell": 4096, "gpus_per_node": 64, "tensor_parallel": 1024,
+                   "pipeline_parallel": 1024}
+MAX_NODES = 65536
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     """The cells of one allocation (one SLURM job, or one machine in the embedded default)."""
@@ -106,6 +113,10 @@ class ClusterConfig:
         for key in ("cells", "nodes_per_cell", "tensor_parallel", "pipeline_parallel"):
             require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         require(self.gpus_per_node >= 0, "gpus_per_node", f"must be >= 0, got {self.gpus_per_node}")
+        for key, most in GEOMETRY_LIMITS.items():  # absurd geometry is refused here, before any plan is made
+            require(getattr(self, key) <= most, key, f"must be <= {most}, got {getattr(self, key)}")
+        require(self.cells * self.nodes_per_cell <= MAX_NODES, "cells",
+                f"cells x nodes_per_cell must be <= {MAX_NODES} nodes, got {self.cells * self.nodes_per_cell}")
 
 
 @dataclass(frozen=True)
@@ -356,6 +367,10 @@ class AllocatorConfig:
     poll_backoff_max_s: float = param(5e-3, "Longest sleep of an idle polling loop (the reaction-time bound).")
     shutdown_timeout_s: float = param(30.0, "Seconds the allocator waits for every cell's Bye after sending Shutdown.")
     events_file: str = param("events.jsonl", "Event log (JSONL) in the run directory: every order, switch and loss.")
+    preempt_inflight: Literal["reissue", "drop"] = param(
+        "reissue", "Queries still running at a preemption: reissue = the resumed run starts them again first; "
+        "drop = they are not run again (counted as queries_dropped_at_preempt in the summary)."
+    )
 
     def check(self) -> None:
         require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")

@@ -77,8 +77,8 @@ class CoreTrainer(_Side):
         from gyre_hpc import resume
         from gyre_hpc.engines.weights import weights_checksum
 
-        if not resume.exists(self.run_dir):
-            return None
+        if not resume.exists(self.run_dir) or not resume.has_checkpoint(self.run_dir):
+            return None  # a new run, or the empty resume state (version 0: the config's seed makes the weights)
         self.trainer.load_checkpoint(resume.resume_dir(self.run_dir) / resume.CHECKPOINT)
         return {"version": self.version, "checksum": weights_checksum(self.trainer.export_weights())}
 

@@ -57,6 +57,8 @@ class LiveServer(AllocatorServer):
 
     def stop_reason(self) -> str | None:
         reason = super().stop_reason()
+        if reason is None:
+            self.preemption.poll()  # the launcher's request file (runtime.preempt.REQUEST_FILE)
         if reason is not None or not self.preemption.requested:
             return reason
         self.hub.freeze()  # the core can finish the step already out, and no other
@@ -96,7 +98,8 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
     comm.bcast(proxy.url, root=0)
     steps: list[dict] = []
     end: dict = {}
-    carry: dict = saved["counters"] if saved else {}
+    reissue = cfg.allocator.preempt_inflight == "reissue"
+    carry: dict = preempt.inflight_counters(saved, reissue) if saved else {}
     try:
         policy = make_policy(cfg.scheduler.policy, cfg.scheduler, cfg.cluster.cells)
         log = EventLog(run_dir / cfg.allocator.events_file, transport.clock)
@@ -158,8 +161,11 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
         rollouts.post = server.post
         if saved:
             steps.extend(saved["steps"])
-            _restore(saved, run_dir, server, hub, rollouts, policy)
+            _restore(saved, run_dir, server, hub, rollouts, policy, reissue)
         stop = server.run()
+    except BaseException as exc:
+        _error_event(run_dir, cfg, transport, exc)
+        raise
     finally:
         proxy.stop()
     if stop["reason"].startswith("preempted"):
@@ -187,14 +193,30 @@ def _load_resume(cfg: GyreConfig, run_dir: Path) -> dict | None:
     return saved
 
 
-def _restore(saved: dict, run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollouts, policy) -> None:
-    groups = preempt.restore(saved, server, hub, rollouts, server.clock.now())
+def _error_event(run_dir: Path, cfg: GyreConfig, transport, exc: BaseException) -> None:
+    """An unrecoverable error on rank 0: one ``error`` event in events.jsonl (best effort: the disk may be full)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return
+    rec = {"t": round(transport.clock.now(), 6), "wall": round(time.time(), 6), "event": "error",
+           "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500]}
+    try:
+        with open(run_dir / cfg.allocator.events_file, "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec) + "\n")
+    except OSError:
+        pass
+
+
+def _restore(saved: dict, run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollouts, policy,
+             reissue: bool) -> None:
+    groups = preempt.restore(saved, server, hub, rollouts, server.clock.now(), reissue)
     atomic_write_text(run_dir / "metrics.jsonl", "".join(json.dumps(s) + "\n" for s in saved["steps"]))
     st = server.state
     server.log.write({"event": "resumed", "version": st.version, "steps_done": st.steps_done,
                       "buffer": [g.gid for g in groups], "trained_batches": st.trained_batches,
                       "lag_sum": st.lag_sum, "window": policy.window(st), "next_gid": rollouts.next_gid,
-                      "segment": saved["counters"]["segments"] + 1})
+                      "segment": saved["counters"]["segments"] + 1,
+                      "reissued": preempt.reissued(saved, reissue),
+                      "dropped": [] if reissue else list(saved.get("inflight", []))})
 
 
 def _save_resume(run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollouts, steps: list[dict],
@@ -209,10 +231,12 @@ def _save_resume(run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollou
         server.log.write({"event": "preempt_failed", "error": str(exc)})
         return
     end["saved"] = True
+    (run_dir / preempt.REQUEST_FILE).unlink(missing_ok=True)  # served: a resumed run must not stop at once
     server.log.write({"event": "preempted", "signal": preemption.signal, "version": state["version"],
                       "steps_done": st.steps_done, "buffer": [g["gid"] for g in state["buffer"]],
                       "trained_batches": st.trained_batches, "lag_sum": st.lag_sum, "window": policy.window(st),
-                      "next_gid": state["next_gid"], "resume": str(resume.resume_dir(run_dir))})
+                      "next_gid": state["next_gid"], "inflight": state["inflight"],
+                      "resume": str(resume.resume_dir(run_dir))})
 
 
 def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollouts, end: dict, carry: dict,
@@ -246,6 +270,8 @@ def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollou
         "switch_s": {d: _median([s[f"{d}_s"] for s in switches if f"{d}_s" in s])
                      for d in ("total", "drain", "engine_stop", "engine_sleep", "weight_pull", "engine_start",
                                "engine_wake")},
+        "queries_reissued": carry.get("queries_reissued", 0),
+        "queries_dropped_at_preempt": carry.get("queries_dropped_at_preempt", 0),
         "build_errors": rollouts.errors, "stop": stop, "run_dir": str(run_dir),
     }
 
