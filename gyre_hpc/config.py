@@ -271,12 +271,14 @@ class TransferConfig:
     checksum: Literal["xxh3_64", "crc32"] = param("xxh3_64", "Checksum of each published chunk.")
     checksum_chunk_bytes: int = param(4 << 20, "Bytes per checksum chunk; a mismatch names the chunk's tensors.")
     verify: bool = param(True, "Pullers verify every chunk checksum; false skips it (checksum_ok is null).")
+    checksum_retries: int = param(2, "A satellite pull whose checksum fails is retried this often before it is fatal.")
     log_level: Literal["INFO", "WARNING", "ERROR"] = param("ERROR", "Mooncake log level (sets MC_LOG_LEVEL).")
 
     def check(self) -> None:
         for key in ("chunk_bytes", "batch_bytes", "timeout_s", "checksum_chunk_bytes"):
             require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         require(self.host.strip() != "", "host", "must be an address, got an empty string")
+        require(self.checksum_retries >= 0, "checksum_retries", f"must be >= 0, got {self.checksum_retries}")
 
 
 @dataclass(frozen=True)
