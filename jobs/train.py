@@ -77,8 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    rank = any(k in os.environ for k in MPI_ENV) and not getattr(args, "dry_run", False)
-    preemption = _early_preemption(rank)  # before the config, the heavy imports and MPI_Init
+    live = not getattr(args, "dry_run", False) and not args.sync
+    rank = live and any(k in os.environ for k in MPI_ENV)
+    preemption = _early_preemption(rank) if live else None  # before the config, heavy imports and MPI_Init
     cfg = load_config(args.config, args.overrides)  # fails here, before any process starts
     if getattr(args, "dry_run", False):
         return _dry_run(cfg, args)

@@ -164,7 +164,9 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
             _restore(saved, run_dir, server, hub, rollouts, policy, reissue)
         stop = server.run()
     except BaseException as exc:
-        _error_event(run_dir, cfg, transport, exc)
+        where = _resume_after_error(run_dir, locals().get("server"), locals().get("hub"), locals().get("rollouts"),
+                                    steps, carry, exc)
+        _error_event(run_dir, cfg, transport, exc, where)
         raise
     finally:
         proxy.stop()
@@ -193,12 +195,29 @@ def _load_resume(cfg: GyreConfig, run_dir: Path) -> dict | None:
     return saved
 
 
-def _error_event(run_dir: Path, cfg: GyreConfig, transport, exc: BaseException) -> None:
+def _resume_after_error(run_dir: Path, server, hub, rollouts, steps: list[dict], carry: dict,
+                        exc: BaseException) -> str | None:
+    """Rank 0 failed: a resume state if the run stands at a quiet point (the allocator applied the core's last step
+    and no step is out), as for a preemption; else None. Best effort (the error may be a full disk)."""
+    if isinstance(exc, KeyboardInterrupt) or server is None or hub is None or rollouts is None:
+        return None
+    if hub.step_pending or server.state.version != hub.version or not steps and hub.version:
+        return None
+    try:
+        rollouts.close()
+        state = preempt.snapshot(server, hub, rollouts, steps, carry, 0.0)
+        resume.save(run_dir, state, preempt.checkpoint_dir(run_dir))
+    except (GyreError, OSError):
+        return None
+    return str(resume.resume_dir(run_dir))
+
+
+def _error_event(run_dir: Path, cfg: GyreConfig, transport, exc: BaseException, resume_at: str | None) -> None:
     """An unrecoverable error on rank 0: one ``error`` event in events.jsonl (best effort: the disk may be full)."""
     if isinstance(exc, KeyboardInterrupt):
         return
     rec = {"t": round(transport.clock.now(), 6), "wall": round(time.time(), 6), "event": "error",
-           "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500]}
+           "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500], "resume": resume_at}
     try:
         with open(run_dir / cfg.allocator.events_file, "a", encoding="utf-8") as f:
             f.write(json.dumps(rec) + "\n")

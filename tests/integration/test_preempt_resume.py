@@ -21,7 +21,7 @@ from slurm_cluster import mpirun  # noqa: F401  (fixture)
 pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 4
+STEPS = 6
 OVERRIDES = ["cluster.cells=2", "scheduler.policy=async", "scheduler.async_train_cells=1", "scheduler.batch_groups=2",
              f"allocator.steps={STEPS}", "agent.runs_per_group=2", "agent.turns=[1, 2]", "run.name=preempt",
              "allocator.hello_timeout_s=600", "allocator.heartbeat_timeout_s=300", "proxy.startup_timeout_s=180",
@@ -54,11 +54,11 @@ def steps_done(out: Path) -> int:
 
 
 def buffered(out: Path) -> bool:
-    """At least 2 steps done and more groups ready than the next step can take: the buffer is not empty (the
-    groups out for a pending step are at most one batch; groups.jsonl has a line per ready group)."""
+    """At least 2 steps done and an odd number of groups ready (groups.jsonl has a line per ready group): with
+    fixed batches of 2 one of them is held for its batch mate, so the trajectory buffer is not empty."""
     groups = list(out.glob("*/groups.jsonl"))
     done = steps_done(out)
-    return done >= 2 and bool(groups) and len(groups[0].read_text().splitlines()) > (done + 1) * 2
+    return done >= 2 and bool(groups) and len(groups[0].read_text().splitlines()) % 2 == 1
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def preempted(mpirun, tmp_path_factory):
     proc = gyre_train(out)
     deadline = time.time() + TIMEOUT_S
     while not buffered(out) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     code, stdout, stderr = finish(proc)
     (run_dir,) = out.glob("preempt-*")
