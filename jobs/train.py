@@ -136,7 +136,7 @@ def _early_preemption(rank: bool):
 
 def _failed(cfg, run_dir: Path, code: int) -> int:
     """mpirun ended without a summary and not preempted: an ``error`` event if a rank reported one (rank 0 writes
-    it, another rank leaves RUN_DIR/errors/rankN.txt), else ``rank_lost``; one line, its own exit status."""
+    it, and every rank that raises leaves RUN_DIR/errors/rankN.txt), else ``rank_lost``; one line, its own exit status."""
     from gyre_hpc.allocator.eventlog import read_events
 
     path = run_dir / cfg.allocator.events_file
@@ -369,7 +369,7 @@ def _abort_world_on_error(rank: int, run_dir: Path | None = None):
 
         print(f"gyre train: rank {rank} failed; ending the MPI world", file=sys.stderr)
         exc = sys.exc_info()[1]
-        if run_dir is not None and rank != 0 and not isinstance(exc, KeyboardInterrupt):  # rank 0: an event
+        if run_dir is not None and not isinstance(exc, KeyboardInterrupt):  # the launcher reports it as "error"
             with contextlib.suppress(OSError):
                 (run_dir / "errors").mkdir(exist_ok=True)
                 (run_dir / "errors" / f"rank{rank}.txt").write_text(f"{type(exc).__name__}: {exc}\n")
