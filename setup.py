@@ -1,7 +1,7 @@
 """gyre_hpc: install with `pip install -e ".[dev]"` (torch is pinned to the CPU wheel 2.13.0)."""
 from setuptools import find_packages, setup
 
-TRAIN = ["torch==2.13.0", "megatron-core==0.16.1", "psutil"]
+TRAIN = ["torch==2.13.0", "megatron-core==0.16.1", "psutil", "safetensors>=0.4"]  # checkpoints: no pickle
 TRANSFER = ["mooncake-transfer-engine-non-cuda==0.3.13.post1", "psutil"]  # needs Debian libibverbs1, even for TCP
 ENGINE = ["fastapi>=0.110", "uvicorn>=0.29", "httpx>=0.27"]
 MPI = ["mpi4py>=4.1"]
