@@ -124,13 +124,19 @@ def _early_preemption(rank: bool):
     notes them (runtime.preempt.Preemption); a rank ``gyre train`` launched leaves them their default action
     (its preemption comes as RUN_DIR/preempt.request; a signal there is mpirun ending the job); the launcher
     notes one that comes before mpirun starts (``launch`` then forwards the later ones)."""
+    from gyre_hpc import early_signals
     from gyre_hpc.runtime.preempt import SIGNALS, Preemption
 
+    if rank and os.environ.get(LAUNCHED_ENV):
+        return Preemption()
     if rank:
-        return Preemption() if os.environ.get(LAUNCHED_ENV) else Preemption().install()
-    pending = Preemption()
-    for s in SIGNALS:
-        signal.signal(s, lambda signum, frame: pending.request(signal.Signals(signum).name))
+        pending = Preemption().install()
+    else:
+        pending = Preemption()
+        for s in SIGNALS:
+            signal.signal(s, lambda signum, frame: pending.request(signal.Signals(signum).name))
+    if early_signals.received:  # it came while the interpreter imported this job (gyre_hpc/cli.py armed it)
+        pending.request(early_signals.received[0])
     return pending
 
 

@@ -77,8 +77,10 @@ def assert_one_time_line(run_dir: Path) -> list[dict]:
 
 def test_a_preemption_in_the_first_second_exits_75_and_the_resume_finishes(mpirun, tmp_path):
     proc = gyre_train(tmp_path, "early")
-    time.sleep(1.0)  # the launcher is up; its ranks are importing torch or not started yet
-    proc.send_signal(signal.SIGTERM)
+    deadline = time.time() + 120
+    while not list(tmp_path.glob("early-*")) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)  # the run directory is there: mpirun is starting, the ranks import torch
     code, _, stderr = finish(proc)
     (run_dir,) = tmp_path.glob("early-*")
     assert code == PREEMPTED_EXIT, stderr[-4000:]
