@@ -321,9 +321,11 @@ def _stop_ranks(proc: subprocess.Popen, run_dir: Path) -> None:
     print(f"gyre train: interrupted; stacks of the ranks in {run_dir / 'traces'}", file=sys.stderr)
 
 
-def _rank(cfg, args: argparse.Namespace, preemption) -> int:
+def _rank(cfg, args: argparse.Namespace, preemption=None) -> int:
     """One rank of the live run: rank 0 drives, the others run their cell. ``preemption`` was installed before
-    anything heavy (``_early_preemption``)."""
+    anything heavy (``_early_preemption``; installed here for a caller that has not: the submitit task)."""
+    if preemption is None:
+        preemption = _early_preemption(rank=True)
     if not args.run_dir:
         raise ConfigError("inside an MPI world, gyre train needs --run-dir (the launcher sets it)")
     from gyre_hpc.runtime.preempt import REQUEST_FILE
