@@ -336,6 +336,7 @@ def _rank(cfg, args: argparse.Namespace, preemption=None) -> int:
         preemption.watch(run_dir / REQUEST_FILE)
     _check_placement(cfg)
     check_resume_config(cfg, run_dir)  # every rank alike, before MPI starts
+    _check_resume_files(run_dir)
     from gyre_hpc.allocator.mpi_transport import MpiTransport
     from gyre_hpc.cell.dataplane import open_data_comm
     from gyre_hpc.clock import WallClock
@@ -348,6 +349,15 @@ def _rank(cfg, args: argparse.Namespace, preemption=None) -> int:
             return _role(cfg, args, run_dir, transport, comm, preemption)
         finally:
             preemption.ignore()  # a late signal must not kill this rank in MPI_Finalize (runtime/preempt.py)
+
+
+def _check_resume_files(run_dir: Path) -> None:
+    """A rank started on a RUN_DIR with a resume state (the requeued SLURM job): every file it needs is there,
+    checked before MPI starts (a ``CheckpointError`` naming the first one missing, alike on every rank)."""
+    from gyre_hpc import resume
+
+    if resume.exists(run_dir):
+        resume.check_files(run_dir, resume.load(run_dir))
 
 
 def _last_event_t(cfg, run_dir: Path) -> float:

@@ -94,13 +94,15 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
     preemption = preemption or preempt.Preemption()
     saved = _load_resume(cfg, run_dir)
     pcfg = dataclasses.replace(cfg.proxy, event_log=str(run_dir / "proxy-events.jsonl"))
-    proxy = start_proxy(pcfg, port=free_port(cfg.proxy.host), log_path=run_dir / "proxy.log", config_dir=run_dir)
-    comm.bcast(proxy.url, root=0)
     steps: list[dict] = []
     end: dict = {}
     reissue = cfg.allocator.preempt_inflight == "reissue"
     carry: dict = preempt.inflight_counters(saved, reissue) if saved else {}
+    proxy = None
     try:
+        proxy = start_proxy(pcfg, port=free_port(cfg.proxy.host), log_path=run_dir / "proxy.log",
+                            config_dir=run_dir)
+        comm.bcast(proxy.url, root=0)
         policy = make_policy(cfg.scheduler.policy, cfg.scheduler, cfg.cluster.cells)
         log = EventLog(run_dir / cfg.allocator.events_file, transport.clock)
         server: LiveServer | None = None
@@ -169,7 +171,8 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
         _error_event(run_dir, cfg, transport, exc, where)
         raise
     finally:
-        proxy.stop()
+        if proxy is not None:
+            proxy.stop()
     if stop["reason"].startswith("preempted"):
         return {"preempted": stop["reason"], "saved": "saved" in end, "error": end.get("preempt_error"),
                 "steps_done": stop["steps_done"], "run_dir": str(run_dir)}
@@ -199,8 +202,8 @@ def _resume_after_error(run_dir: Path, server, hub, rollouts, steps: list[dict],
                         exc: BaseException) -> str | None:
     """Rank 0 failed: a resume state if the run stands at a quiet point (the allocator applied the core's last step
     and no step is out), as for a preemption; else None. Best effort (the error may be a full disk)."""
-    if isinstance(exc, KeyboardInterrupt) or server is None or hub is None or rollouts is None:
-        return None
+    if isinstance(exc, KeyboardInterrupt) or server is None or hub is None or rollouts is None or not server.started:
+        return None  # not started: nothing new to save (a resumed run's earlier state stays as it was)
     if hub.step_pending or server.state.version != hub.version or not steps and hub.version:
         return None
     try:

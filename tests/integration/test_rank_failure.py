@@ -27,7 +27,7 @@ def test_rank_zero_failing_before_the_cells_start_ends_the_run_with_its_reason(t
     assert "rank 0 failed; ending the MPI world" in done.stderr
     assert "not ready after 0 s" in done.stderr  # the cause, from rank 0's traceback
     assert "without a summary" in done.stderr  # the launcher says where to look
-    assert "gyre train: error: rank0: " in done.stderr
+    assert "gyre train: error: " in done.stderr
     (events,) = tmp_path.glob("*/events.jsonl")
     last = json.loads(events.read_text().splitlines()[-1])
     assert last["event"] == "error" and "not ready after 0 s" in last["error"]
