@@ -146,11 +146,34 @@ def needed_files(run_dir: str | Path, state: dict[str, Any]) -> list[Path]:
 
 
 def check_files(run_dir: str | Path, state: dict[str, Any]) -> None:
-    """A ``CheckpointError`` naming the first file a resume needs that is missing or empty."""
+    """A ``CheckpointError`` naming the first file a resume needs that is missing, empty or not of its format
+    (a checkpoint's safetensors header, the zip container of its ``.state.pt``; the loader checks the rest)."""
     for f in needed_files(run_dir, state):
         if not f.is_file() or f.stat().st_size == 0:
             raise CheckpointError(f"{f}: {'missing' if not f.exists() else 'empty'}; the resume state of "
                                   f"{run_dir} is incomplete (restore the file, or start a new run)")
+        why = _format_problem(f)
+        if why:
+            raise CheckpointError(f"{f}: {why}; the resume state of {run_dir} is damaged (restore the file, or "
+                                  f"start a new run)")
+
+
+def _format_problem(f: Path) -> str | None:
+    """Why the checkpoint file ``f`` is not of its format (cheap: headers only), or None."""
+    with open(f, "rb") as fh:
+        head = fh.read(8)
+        if f.name.endswith(".safetensors"):
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 0 < n <= f.stat().st_size - 8:
+                return "not a safetensors file (bad header length)"
+            try:
+                header = json.loads(fh.read(n))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                return "not a safetensors file (its header is not JSON)"
+            return None if isinstance(header, dict) else "not a safetensors file (its header is not an object)"
+    if f.name.endswith(".state.pt") and not head.startswith(b"PK\x03\x04"):
+        return "not a torch.save zip file"
+    return None
 
 
 def load(run_dir: str | Path) -> dict[str, Any]:

@@ -51,8 +51,9 @@ def preempted_run(tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "meta.json").write_text(json.dumps({"version": 2, "world_size": 1}))
-    for name in resume.RANK_FILES:
-        (ckpt / name.format(rank=0)).write_bytes(b"x")
+    header = b'{"__metadata__":{}}'
+    (ckpt / "rank000.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    (ckpt / "rank000.state.pt").write_bytes(b"PK\x03\x04" + b"\0" * 60)  # the zip container of torch.save
     steps = [{"version": v, "staleness_mean": 0.5, "gids": [2 * v - 2, 2 * v - 1]} for v in (1, 2)]
     state = {"version": 2, "sched": {"version": 2, "steps_done": 2, "trained_batches": 2, "lag_sum": 1.0,
                                      "admitted_queries": 6},
@@ -73,6 +74,20 @@ def test_a_resume_missing_a_file_fails_in_one_line_before_mpi_and_leaves_the_run
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and Path(missing).name in lines[0] and "missing" in lines[0], done.stderr
+    assert tree_digest(preempted_run) == before
+
+
+@pytest.mark.parametrize("damaged,why", [("resume/checkpoint/rank000.safetensors", "not a safetensors file"),
+                                         ("resume/checkpoint/rank000.state.pt", "not a torch.save zip file")])
+def test_a_resume_with_a_damaged_checkpoint_file_fails_in_one_line_and_leaves_the_run_dir_untouched(
+        preempted_run, damaged, why):
+    (preempted_run / damaged).unlink()  # a hard link: replace it, not the checkpoint it shares bytes with
+    (preempted_run / damaged).write_bytes(b"\x80\x04garbage that is no checkpoint")
+    before = tree_digest(preempted_run)
+    done = gyre("--resume", str(preempted_run), "--set", f"run.out_dir={preempted_run.parent}")
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and why in lines[0], done.stderr
     assert tree_digest(preempted_run) == before
 
 

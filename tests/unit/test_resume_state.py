@@ -132,9 +132,20 @@ def test_resuming_with_another_config_fails_before_any_process_starts_naming_the
 
 
 def rank_files(ckpt, ranks=1):
+    """Files with the headers of their formats (a safetensors JSON header, torch.save's zip container)."""
+    header = b'{"__metadata__":{}}'
     for r in range(ranks):
-        for name in resume.RANK_FILES:
-            (ckpt / name.format(rank=r)).write_bytes(b"rank %d" % r)
+        (ckpt / f"rank{r:03d}.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+        (ckpt / f"rank{r:03d}.state.pt").write_bytes(b"PK\x03\x04" + b"\0" * 60)
+
+
+def test_check_files_refuses_a_rank_file_that_is_not_of_its_format(tmp_path):
+    ckpt = checkpoint(tmp_path, 0)
+    rank_files(ckpt)
+    (ckpt / "rank000.safetensors").write_bytes(b"\xff" * 16)
+    resume.save(tmp_path / "run", state(0, ()) | {"buffer": []}, ckpt)
+    with pytest.raises(CheckpointError, match=r"rank000\.safetensors: not a safetensors file"):
+        resume.check_files(tmp_path / "run", resume.load(tmp_path / "run"))
 
 
 def test_check_files_names_the_first_missing_rank_file_of_the_checkpoint(tmp_path):
