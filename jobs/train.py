@@ -142,7 +142,8 @@ def _early_preemption(rank: bool):
 
 def _failed(cfg, run_dir: Path, code: int) -> int:
     """mpirun ended without a summary and not preempted: an ``error`` event if a rank reported one (rank 0 writes
-    it, and every rank that raises leaves RUN_DIR/errors/rankN.txt), else ``rank_lost``; one line, its own exit status."""
+    it, and every rank that raises leaves RUN_DIR/errors/rankN.txt), else ``rank_lost``; one line, and the exit
+    status of that kind."""
     from gyre_hpc.allocator.eventlog import read_events
 
     path = run_dir / cfg.allocator.events_file
@@ -220,8 +221,8 @@ def _preempted(args: argparse.Namespace, run_dir: Path) -> int:
 
 
 def launch(args: argparse.Namespace, cells: int, run_dir: Path, pending=None) -> int:
-    """mpirun this job with 1 + cells ranks and wait for it; SIGTERM/SIGUSR1 preempt it (forwarded as SIGUSR1,
-    which mpirun passes on to every rank), a second one or SIGINT interrupts it."""
+    """mpirun this job with 1 + cells ranks and wait for it; SIGTERM/SIGUSR1 preempt it (RUN_DIR/preempt.request,
+    which rank 0 polls; ``pending``: a signal noted before mpirun started), a second one or SIGINT interrupts it."""
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         raise ConfigError("cluster.cells: a live run needs mpirun (apt-get install openmpi-bin) and mpi4py")
@@ -235,6 +236,7 @@ def launch(args: argparse.Namespace, cells: int, run_dir: Path, pending=None) ->
     from gyre_hpc.runtime.preempt import REQUEST_FILE
 
     (run_dir / REQUEST_FILE).unlink(missing_ok=True)  # a request of an earlier segment was served
+    shutil.rmtree(run_dir / "errors", ignore_errors=True)  # an earlier segment's (its events.jsonl has them)
     with open(run_dir / "mpirun.log", "ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=sys.stderr, stdin=subprocess.DEVNULL,
                                 start_new_session=True)

@@ -3,9 +3,10 @@
 Batch b is the groups admitted ``base + b*B .. base + b*B + B - 1`` (``base`` is 0, or the first group admitted
 after a resume). A resume that re-issues the queries in flight at the preemption (``first``: their gids, admitted
 again before any new one) puts them at the head of that order: the admission order is ``first`` then
-``base, base + 1, ...``, and batches are cut from it B at a time. ``FixedBatches.ready(gid, item)`` holds a ready group and returns the batches that became
-complete *and* whose predecessors all went out, each in admission order — so a batch waits for its slowest
-query, and batches go out in order even when a later one completes first.
+``base, base + 1, ...``, and batches are cut from it B at a time. ``FixedBatches.ready(gid, item)`` holds a
+ready group and returns the batches that became complete *and* whose predecessors all went out, each in
+admission order — so a batch waits for its slowest query, and batches go out in order even when a later one
+completes first.
 
 Invariants (tests/unit/test_fixed_batches.py)
 - Every held item is returned exactly once, inside the batch of its gid, batches in increasing order.

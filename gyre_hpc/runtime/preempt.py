@@ -19,8 +19,9 @@ batch, by gid; each keeps its ``ready_version`` (a held group: the version it wo
 resumed run splits its staleness exactly as the preempted one would have. The queries in flight at the
 preemption (admitted, not ready) are saved as ``inflight``; the resume re-issues them before any new query
 (``allocator.preempt_inflight: reissue``) or drops them (``drop``), and the summary counts either
-(``queries_reissued``, ``queries_dropped_at_preempt``). After a resume they are all ready at once and fixed batches count on from the next group
-admitted: the one batch boundary a resume moves.
+(``queries_reissued``, ``queries_dropped_at_preempt``). After a resume the buffered groups are all ready at
+once, and fixed batches count on from the re-issued queries, then the next group admitted: the one batch
+boundary a resume moves.
 
 Once its role has ended (run_root returned, the cell said Bye) a rank ignores both signals until it exits
 (``Preemption.ignore``): its exit status is its own, never the default action of a late signal during MPI_Finalize.

@@ -22,8 +22,9 @@ Invariants (tests/integration/test_live_training.py)
 - After ``close()`` (preemption) no group is offered and none is started: the trajectory buffer saved for the
   resume is what the hub held when the preemption signal came; ``inflight()`` is every group admitted and not
   ready then (the queries a resume re-issues, or counts as dropped). ``reissue(gids)`` makes the next
-  ``admit`` start those queries again, before any new one (a query is a pure function of its gid and the seed). ``rebuild`` turns a buffered group's TITO
-  file back into the same training group (the batch is a pure function of the file and the config).
+  ``admit`` start those queries again, before any new one (a query is a pure function of its gid and the
+  seed). ``rebuild`` turns a buffered group's TITO file back into the same training group (the batch is a pure
+  function of the file and the config).
 """
 from __future__ import annotations
 
