@@ -28,8 +28,8 @@ class Clock(Protocol):
 class WallClock:
     """Real time: ``now()`` is seconds since construction (monotonic, immune to wall-clock jumps)."""
 
-    def __init__(self) -> None:
-        self._t0 = time.monotonic()
+    def __init__(self, start: float = 0.0) -> None:
+        self._t0 = time.monotonic() - start  # start: where the time line begins (a resumed run's last event)
 
     def now(self) -> float:
         return time.monotonic() - self._t0

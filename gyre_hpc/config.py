@@ -92,6 +92,13 @@ class TrajectoryConfig:
                 f"must be >= 1 or null, got {self.vocab_size}")
 
 
+#: upper bounds of the cluster geometry (far above any allocation this suite plans for; a typo such as
+#: cells=100000 fails at load instead of building a layout for hours)
+GEOMETRY_LIMITS = {"cells": 4096, "nodes_per_cell": 4096, "gpus_per_node": 64, "tensor_parallel": 1024,
+                   "pipeline_parallel": 1024}
+MAX_NODES = 65536
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     """The cells of one allocation (one SLURM job, or one machine in the embedded default)."""
@@ -106,6 +113,10 @@ class ClusterConfig:
         for key in ("cells", "nodes_per_cell", "tensor_parallel", "pipeline_parallel"):
             require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         require(self.gpus_per_node >= 0, "gpus_per_node", f"must be >= 0, got {self.gpus_per_node}")
+        for key, most in GEOMETRY_LIMITS.items():  # absurd geometry is refused here, before any plan is made
+            require(getattr(self, key) <= most, key, f"must be <= {most}, got {getattr(self, key)}")
+        require(self.cells * self.nodes_per_cell <= MAX_NODES, "cells",
+                f"cells x nodes_per_cell must be <= {MAX_NODES} nodes, got {self.cells * self.nodes_per_cell}")
 
 
 @dataclass(frozen=True)
@@ -285,12 +296,14 @@ class TransferConfig:
     checksum: Literal["xxh3_64", "crc32"] = param("xxh3_64", "Checksum of each published chunk.")
     checksum_chunk_bytes: int = param(4 << 20, "Bytes per checksum chunk; a mismatch names the chunk's tensors.")
     verify: bool = param(True, "Pullers verify every chunk checksum; false skips it (checksum_ok is null).")
+    checksum_retries: int = param(2, "A satellite pull whose checksum fails is retried this often before it is fatal.")
     log_level: Literal["INFO", "WARNING", "ERROR"] = param("ERROR", "Mooncake log level (sets MC_LOG_LEVEL).")
 
     def check(self) -> None:
         for key in ("chunk_bytes", "batch_bytes", "timeout_s", "checksum_chunk_bytes"):
             require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         require(self.host.strip() != "", "host", "must be an address, got an empty string")
+        require(self.checksum_retries >= 0, "checksum_retries", f"must be >= 0, got {self.checksum_retries}")
 
 
 @dataclass(frozen=True)
@@ -389,6 +402,10 @@ class AllocatorConfig:
         0.05, "A live run stops with an error once more than this share of its groups is lost (TITO records missing, "
               "cut or inconsistent with what the proxy served; of max(steps x batch_groups, groups completed)); "
               "0 = at the first.")
+    preempt_inflight: Literal["reissue", "drop"] = param(
+        "reissue", "Queries still running at a preemption: reissue = the resumed run starts them again first; "
+        "drop = they are not run again (counted as queries_dropped_at_preempt in the summary)."
+    )
 
     def check(self) -> None:
         require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")

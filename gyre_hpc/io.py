@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from gyre_hpc.errors import ConfigError
+
 
 def _umask() -> int:
     mask = os.umask(0o022)
@@ -81,6 +83,9 @@ def make_run_dir(out_dir: str | Path, name: str) -> Path:
         except FileExistsError:
             n += 1
             path = base.with_name(f"{base.name}-{n}")
+        except OSError as exc:  # unwritable, read-only, full, a file in the way: one line, nothing written
+            raise ConfigError(f"run.out_dir: cannot create the run directory {path} ({exc.strerror or exc}); "
+                              f"choose a writable directory with --set run.out_dir=DIR") from None
 
 
 def atomic_write_many(files: dict[str | Path, bytes]) -> list[Path]:

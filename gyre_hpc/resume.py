@@ -23,6 +23,10 @@ Invariants (tests/unit/test_resume_state.py)
 - ``config_changes`` names every dotted key whose value differs between the run's config.yaml and the config
   of the resuming run, except the keys that may change across segments (``may_change``: the step count, the run
   directory's name, timeouts, retries and the sbatch section); a resume refuses any other difference.
+- ``save_empty`` writes a state of version 0 with no checkpoint (a preemption before any rank started); ``load``
+  accepts a missing checkpoint only for it, and ``needed_files`` of a state lists every file a resume reads
+  (state, checkpoint meta and each rank's files, the buffered groups' TITO files): ``check_files`` names the
+  first one missing in one line, before any process starts.
 - ``restore_sched`` gives the state the saved counters; the buffered groups count as ready and unprocessed,
   nothing is in flight: ``admission_window`` of the restored state equals the saved one.
 """
@@ -45,11 +49,13 @@ DIR, STATE, CHECKPOINT = "resume", "state.json", "checkpoint"
 #: SchedState fields saved and restored: the policy version, step count and the staleness bookkeeping
 SCHED_FIELDS = ("version", "steps_done", "trained_batches", "lag_sum", "admitted_queries")
 BUFFER_KEYS = ("gid", "tito", "runs", "trained_tokens", "gen_versions")
+#: the files of rank r in a checkpoint directory (gyre_hpc.train.checkpoint writes them; no pickle with globals)
+RANK_FILES = ("rank{rank:03d}.safetensors", "rank{rank:03d}.state.pt")
 
 
 #: config keys a resumed run may change: how many steps, where the run directory is, how long to wait, how the
 #: job is submitted. Everything else (model, optimizer, cells, policy, workload, seed) must stay what it was.
-MAY_CHANGE = ("allocator.steps", "run.name", "run.out_dir", "slurm.")
+MAY_CHANGE = ("allocator.steps", "allocator.preempt_inflight", "run.name", "run.out_dir", "slurm.")
 MAY_CHANGE_SUFFIXES = ("timeout_s", "retries")
 
 
@@ -104,6 +110,72 @@ def save(run_dir: str | Path, state: dict[str, Any], checkpoint: str | Path) -> 
     return resume_dir(run_dir)
 
 
+def empty_state() -> dict[str, Any]:
+    """The resume state of a run preempted before it began: step 0, nothing buffered, nothing to restore."""
+    return {"version": 0, "sched": {"version": 0, "steps_done": 0, "trained_batches": 0, "lag_sum": 0.0,
+                                    "admitted_queries": 0},
+            "steps": [], "buffer": [], "next_gid": 0, "inflight": [],
+            "counters": {"wall_s": 0.0, "runs_finished": 0, "groups": [], "build_errors": [], "segments": 1,
+                         "proxy": {}}}
+
+
+def save_empty(run_dir: str | Path) -> Path:
+    """Write the empty resume state (no checkpoint: the resumed core starts from the config's seed)."""
+    with atomic_dir(resume_dir(run_dir)) as tmp:
+        (tmp / STATE).write_text(json.dumps({"format": FORMAT, **empty_state()}, indent=1, sort_keys=True) + "\n")
+    return resume_dir(run_dir)
+
+
+def has_checkpoint(run_dir: str | Path) -> bool:
+    return (resume_dir(run_dir) / CHECKPOINT / "meta.json").is_file()
+
+
+def needed_files(run_dir: str | Path, state: dict[str, Any]) -> list[Path]:
+    """Every file a resume of ``run_dir`` with the loaded ``state`` reads."""
+    ckpt = resume_dir(run_dir) / CHECKPOINT
+    files = [resume_dir(run_dir) / STATE]
+    if state["version"] > 0 or ckpt.exists():
+        files.append(ckpt / "meta.json")
+        try:
+            world = int(json.loads((ckpt / "meta.json").read_text()).get("world_size", 1))
+        except (OSError, ValueError, AttributeError):
+            world = 1
+        files += [ckpt / f.format(rank=r) for r in range(world) for f in RANK_FILES]
+    files += [Path(g["tito"]) for g in state["buffer"] if g["trained_tokens"] > 0]
+    return files
+
+
+def check_files(run_dir: str | Path, state: dict[str, Any]) -> None:
+    """A ``CheckpointError`` naming the first file a resume needs that is missing, empty or not of its format
+    (a checkpoint's safetensors header, the zip container of its ``.state.pt``; the loader checks the rest)."""
+    for f in needed_files(run_dir, state):
+        if not f.is_file() or f.stat().st_size == 0:
+            raise CheckpointError(f"{f}: {'missing' if not f.exists() else 'empty'}; the resume state of "
+                                  f"{run_dir} is incomplete (restore the file, or start a new run)")
+        why = _format_problem(f)
+        if why:
+            raise CheckpointError(f"{f}: {why}; the resume state of {run_dir} is damaged (restore the file, or "
+                                  f"start a new run)")
+
+
+def _format_problem(f: Path) -> str | None:
+    """Why the checkpoint file ``f`` is not of its format (cheap: headers only), or None."""
+    with open(f, "rb") as fh:
+        head = fh.read(8)
+        if f.name.endswith(".safetensors"):
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 0 < n <= f.stat().st_size - 8:
+                return "not a safetensors file (bad header length)"
+            try:
+                header = json.loads(fh.read(n))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                return "not a safetensors file (its header is not JSON)"
+            return None if isinstance(header, dict) else "not a safetensors file (its header is not an object)"
+    if f.name.endswith(".state.pt") and not head.startswith(b"PK\x03\x04"):
+        return "not a torch.save zip file"
+    return None
+
+
 def load(run_dir: str | Path) -> dict[str, Any]:
     """The checked resume state of ``run_dir`` (``CheckpointError`` naming file and key when it is not usable)."""
     path = resume_dir(run_dir) / STATE
@@ -139,6 +211,8 @@ def _check(path: Path, state: Any) -> None:
         if absent:
             raise CheckpointError(f"{path}: buffer[{i}].{absent[0]} is missing")
     ckpt = path.parent / CHECKPOINT
+    if state["version"] == 0 and not ckpt.exists():
+        return  # the empty state (save_empty): the core starts from the config's seed
     if _checkpoint_version(ckpt) != state["version"]:
         raise CheckpointError(f"{ckpt}: holds version {_checkpoint_version(ckpt)}, {path} is version "
                               f"{state['version']}")

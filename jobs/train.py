@@ -57,6 +57,11 @@ trajectory buffer, staleness bookkeeping) and exits with status 75; then
 """
 
 MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK")
+#: set by ``gyre train`` for the ranks it launches: they learn of a preemption from RUN_DIR/preempt.request,
+#: never from a signal (a signal from mpirun means it is tearing the job down: a rank was lost)
+LAUNCHED_ENV = "GYRE_LAUNCHED"
+#: exit status of a run that lost a rank (EX_UNAVAILABLE) or ended on an unrecoverable error (EX_SOFTWARE)
+RANK_LOST_EXIT, ERROR_EXIT = 69, 70
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -72,29 +77,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    live = not getattr(args, "dry_run", False) and not args.sync
+    rank = live and any(k in os.environ for k in MPI_ENV)
+    preemption = _early_preemption(rank) if live else None  # before the config, heavy imports and MPI_Init
     cfg = load_config(args.config, args.overrides)  # fails here, before any process starts
     _check_plugin_agent(cfg)
     if getattr(args, "dry_run", False):
         return _dry_run(cfg, args)
     if args.sync:
         return _sync(cfg, args)
-    if any(k in os.environ for k in MPI_ENV):
-        return _rank(cfg, args)
+    if rank:
+        return _rank(cfg, args, preemption)
     from gyre_hpc.allocator.policies import validate
 
     validate(cfg.scheduler.policy, cfg.scheduler, cfg.cluster.cells)
     if getattr(args, "resume", None):
         run_dir = _resumable(cfg, Path(args.resume))
+        if run_dir is None:
+            return 0
     else:
         run_dir = make_run_dir(cfg.run.out_dir, cfg.run.name)
-        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    code = launch(args, cfg.cluster.cells, run_dir)
+        try:
+            atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        except OSError as exc:
+            shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written
+            raise ConfigError(f"run.out_dir: cannot write {run_dir / 'config.yaml'} ({exc.strerror or exc}); "
+                              f"free space or choose another directory with --set run.out_dir=DIR") from None
+    if preemption.signal is not None:  # preempted before any rank started: the empty resume state
+        from gyre_hpc import resume
+
+        if not resume.exists(run_dir):
+            resume.save_empty(run_dir)
+        return _preempted(args, run_dir)
+    code = launch(args, cfg.cluster.cells, run_dir, preemption)
     if code == PREEMPTED_EXIT:
         return _preempted(args, run_dir)
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
-        raise GyreError(f"the live run ended (mpirun exit {code}) without a summary; see {run_dir} "
-                        f"(events.jsonl, cells/, proxy.log)")
+        return _failed(cfg, run_dir, code)
     summary = json.loads(summary_path.read_text())
     _print(summary, args.json)
     if summary.get("groups_lost"):
@@ -105,15 +125,72 @@ def run(args: argparse.Namespace) -> int:
     return 0 if code == 0 else code
 
 
-def _resumable(cfg, run_dir: Path) -> Path:
-    """``--resume RUN_DIR``: the run directory, once its resume state has been checked."""
+def _early_preemption(rank: bool):
+    """Catch the preemption signals from the first moment. A rank under SLURM (srun, scancel signal the step)
+    notes them (runtime.preempt.Preemption); a rank ``gyre train`` launched leaves them their default action
+    (its preemption comes as RUN_DIR/preempt.request; a signal there is mpirun ending the job); the launcher
+    notes one that comes before mpirun starts (``launch`` then forwards the later ones)."""
+    from gyre_hpc import early_signals
+    from gyre_hpc.runtime.preempt import SIGNALS, Preemption
+
+    if rank and os.environ.get(LAUNCHED_ENV):
+        return Preemption()
+    if rank:
+        pending = Preemption().install()
+    else:
+        pending = Preemption()
+        for s in SIGNALS:
+            signal.signal(s, lambda signum, frame: pending.request(signal.Signals(signum).name))
+    if early_signals.received:  # it came while the interpreter imported this job (gyre_hpc/cli.py armed it)
+        pending.request(early_signals.received[0])
+    return pending
+
+
+def _failed(cfg, run_dir: Path, code: int) -> int:
+    """mpirun ended without a summary and not preempted: an ``error`` event if a rank reported one (rank 0 writes
+    it, and every rank that raises leaves RUN_DIR/errors/rankN.txt), else ``rank_lost``; one line, and the exit
+    status of that kind."""
+    from gyre_hpc.allocator.eventlog import read_events
+
+    path = run_dir / cfg.allocator.events_file
+    try:
+        events = read_events(path) if path.is_file() else []
+    except GyreError:
+        events = []
+    errors = sorted((run_dir / "errors").glob("rank*.txt")) if (run_dir / "errors").is_dir() else []
+    if events and events[-1]["event"] == "error":
+        kind, why = "error", events[-1].get("error", "")
+    elif errors:
+        kind, why = "error", f"{errors[0].stem}: {errors[0].read_text().strip().splitlines()[0][:300]}"
+    else:
+        kind, why = "rank_lost", f"a rank ended without finishing its role (mpirun exit {code})"
+    if not events or events[-1]["event"] != "error":
+        rec = {"t": max((e.get("t", 0.0) for e in events), default=0.0), "wall": round(time.time(), 6),
+               "event": kind, "error": why, "mpirun_exit": code}
+        with contextlib.suppress(OSError):
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(rec) + "\n")
+    print(f"gyre train: {kind}: {why}; the live run ended (mpirun exit {code}) without a summary; see {run_dir} "
+          f"(events.jsonl, cells/, proxy.log, mpirun.log)", file=sys.stderr)
+    return RANK_LOST_EXIT if kind == "rank_lost" else ERROR_EXIT
+
+
+def _resumable(cfg, run_dir: Path) -> Path | None:
+    """``--resume RUN_DIR``: the run directory, once its resume state and every file it needs have been checked
+    (nothing in RUN_DIR is written before that); None when the run had finished (its summary is printed)."""
     from gyre_hpc import resume
 
+    if not resume.exists(run_dir) and (run_dir / "summary.json").is_file():
+        print(f"gyre train: {run_dir} has finished (summary.json, no resume state): nothing to resume",
+              file=sys.stderr)
+        return None
     if not resume.exists(run_dir):
         raise ConfigError(f"--resume {run_dir}: no resume state there ({resume.resume_dir(run_dir)}/state.json); "
                           f"a run writes it when it is preempted (SIGTERM/SIGUSR1)")
     check_resume_config(cfg, run_dir)
-    done = resume.load(run_dir)["sched"]["steps_done"]
+    state = resume.load(run_dir)
+    resume.check_files(run_dir, state)
+    done = state["sched"]["steps_done"]
     if done >= cfg.allocator.steps:
         raise ConfigError(f"allocator.steps: {cfg.allocator.steps}, but {run_dir} has {done} steps done; "
                           f"resume with --set allocator.steps=N for N > {done}")
@@ -149,9 +226,9 @@ def _preempted(args: argparse.Namespace, run_dir: Path) -> int:
     return PREEMPTED_EXIT
 
 
-def launch(args: argparse.Namespace, cells: int, run_dir: Path) -> int:
-    """mpirun this job with 1 + cells ranks and wait for it; SIGTERM/SIGUSR1 preempt it (forwarded as SIGUSR1,
-    which mpirun passes on to every rank), a second one or SIGINT interrupts it."""
+def launch(args: argparse.Namespace, cells: int, run_dir: Path, pending=None) -> int:
+    """mpirun this job with 1 + cells ranks and wait for it; SIGTERM/SIGUSR1 preempt it (RUN_DIR/preempt.request,
+    which rank 0 polls; ``pending``: a signal noted before mpirun started), a second one or SIGINT interrupts it."""
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         raise ConfigError("cluster.cells: a live run needs mpirun (apt-get install openmpi-bin) and mpi4py")
@@ -160,11 +237,18 @@ def launch(args: argparse.Namespace, cells: int, run_dir: Path) -> int:
     env.update(dict(e.split("=", 1) for e in LOCAL_EXPORTS))  # Open MPI over loopback TCP, as root
     env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
                PYTHONPATH=os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p))
+    env[LAUNCHED_ENV] = "1"
     cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-n", str(1 + cells)] + _rank_command(args, run_dir)
+    from gyre_hpc.runtime.preempt import REQUEST_FILE
+
+    (run_dir / REQUEST_FILE).unlink(missing_ok=True)  # a request of an earlier segment was served
+    shutil.rmtree(run_dir / "errors", ignore_errors=True)  # an earlier segment's (its events.jsonl has them)
     with open(run_dir / "mpirun.log", "ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=sys.stderr, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-        _forward_preemption(proc)
+        _forward_preemption(proc, run_dir)
+        if pending is not None and pending.signal is not None:  # it came while mpirun was being started
+            atomic_write_text(run_dir / REQUEST_FILE, pending.signal + "\n")
         try:
             return proc.wait()
         except BaseException:
@@ -204,12 +288,16 @@ def _interrupted(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _forward_preemption(proc: subprocess.Popen) -> None:
+def _forward_preemption(proc: subprocess.Popen, run_dir: Path) -> None:
+    """SIGTERM/SIGUSR1 to ``gyre train`` become RUN_DIR/preempt.request, which rank 0 polls: no rank is
+    signalled, so none can die of it while it starts up, and a signal a rank does get is mpirun's teardown."""
+    from gyre_hpc.runtime.preempt import REQUEST_FILE
+
     def preempt(signum, frame) -> None:
         print(f"gyre train: {signal.Signals(signum).name}: preempting (the step in progress ends, the resume state "
               f"is saved); send SIGTERM again to interrupt", file=sys.stderr, flush=True)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGUSR1)
+        with contextlib.suppress(OSError):
+            atomic_write_text(run_dir / REQUEST_FILE, signal.Signals(signum).name + "\n")
         signal.signal(signal.SIGTERM, _interrupted)
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
@@ -241,32 +329,61 @@ def _stop_ranks(proc: subprocess.Popen, run_dir: Path) -> None:
     print(f"gyre train: interrupted; stacks of the ranks in {run_dir / 'traces'}", file=sys.stderr)
 
 
-def _rank(cfg, args: argparse.Namespace) -> int:
-    """One rank of the live run: rank 0 drives, the others run their cell."""
-    from gyre_hpc.allocator.mpi_transport import MpiTransport
-    from gyre_hpc.cell.dataplane import open_data_comm
-
+def _rank(cfg, args: argparse.Namespace, preemption=None) -> int:
+    """One rank of the live run: rank 0 drives, the others run their cell. ``preemption`` was installed before
+    anything heavy (``_early_preemption``; installed here for a caller that has not: the submitit task)."""
+    if preemption is None:
+        preemption = _early_preemption(rank=True)
     if not args.run_dir:
         raise ConfigError("inside an MPI world, gyre train needs --run-dir (the launcher sets it)")
-    from gyre_hpc.runtime.preempt import Preemption
+    from gyre_hpc.runtime.preempt import REQUEST_FILE
 
-    preemption = Preemption().install()  # SIGTERM/SIGUSR1 preempt the run instead of killing this rank
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if os.environ.get(LAUNCHED_ENV):
+        preemption.watch(run_dir / REQUEST_FILE)
     _check_placement(cfg)
     check_resume_config(cfg, run_dir)  # every rank alike, before MPI starts
-    transport = MpiTransport(1 + cfg.cluster.cells)
+    _check_resume_files(run_dir)
+    from gyre_hpc.allocator.mpi_transport import MpiTransport
+    from gyre_hpc.cell.dataplane import open_data_comm
+    from gyre_hpc.clock import WallClock
+
+    transport = MpiTransport(1 + cfg.cluster.cells, clock=WallClock(_last_event_t(cfg, run_dir)))
     _traceback_on_signal(run_dir / "traces" / f"rank{transport.rank}.txt")
     comm = open_data_comm()
-    with _abort_world_on_error(transport.rank):
+    with _abort_world_on_error(transport.rank, run_dir):
         try:
             return _role(cfg, args, run_dir, transport, comm, preemption)
         finally:
             preemption.ignore()  # a late signal must not kill this rank in MPI_Finalize (runtime/preempt.py)
 
 
+def _check_resume_files(run_dir: Path) -> None:
+    """A rank started on a RUN_DIR with a resume state (the requeued SLURM job): every file it needs is there,
+    checked before MPI starts (a ``CheckpointError`` naming the first one missing, alike on every rank)."""
+    from gyre_hpc import resume
+
+    if resume.exists(run_dir):
+        resume.check_files(run_dir, resume.load(run_dir))
+
+
+def _last_event_t(cfg, run_dir: Path) -> float:
+    """Where a resumed run's time line starts: after the last event of the earlier segments (0 for a new run)."""
+    from gyre_hpc import resume
+    from gyre_hpc.allocator.eventlog import read_events
+
+    path = run_dir / cfg.allocator.events_file
+    if not resume.exists(run_dir) or not path.is_file():
+        return 0.0
+    try:
+        return max((float(e.get("t", 0.0)) for e in read_events(path)), default=0.0) + 1e-3
+    except (GyreError, ValueError, TypeError):
+        return 0.0
+
+
 @contextlib.contextmanager
-def _abort_world_on_error(rank: int):
+def _abort_world_on_error(rank: int, run_dir: Path | None = None):
     """A rank that raises ends the whole MPI world at once (MPI_Abort), after printing why: otherwise the
     other ranks wait for it in a collective (or MPI_Finalize's fence) and the job hangs instead of failing."""
     try:
@@ -277,6 +394,11 @@ def _abort_world_on_error(rank: int):
         from mpi4py import MPI
 
         print(f"gyre train: rank {rank} failed; ending the MPI world", file=sys.stderr)
+        exc = sys.exc_info()[1]
+        if run_dir is not None and not isinstance(exc, KeyboardInterrupt):  # the launcher reports it as "error"
+            with contextlib.suppress(OSError):
+                (run_dir / "errors").mkdir(exist_ok=True)
+                (run_dir / "errors" / f"rank{rank}.txt").write_text(f"{type(exc).__name__}: {exc}\n")
         traceback.print_exc()
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(1)

@@ -289,6 +289,7 @@ class CellRunner:
     def _stats(self) -> dict:
         pulls = self.earlier.get("pulls", []) + getattr(self.trainer, "pulls", [])
         stats = {"cell": self.cell, "core": self.is_core, "switches": self.switches, "pulls": pulls,
+                 "pull_retries": self.earlier.get("pull_retries", []) + getattr(self.trainer, "pull_retries", []),
                  "engine_starts": self.rollout.starts, "engine_wakes": self.rollout.wakes,
                  "weight_updates": self.rollout.updates,
                  "engine_deaths": self.rollout.deaths, "failed": self.failed,

@@ -77,8 +77,8 @@ class CoreTrainer(_Side):
         from gyre_hpc import resume
         from gyre_hpc.engines.weights import weights_checksum
 
-        if not resume.exists(self.run_dir):
-            return None
+        if not resume.exists(self.run_dir) or not resume.has_checkpoint(self.run_dir):
+            return None  # a new run, or the empty resume state (version 0: the config's seed makes the weights)
         self.trainer.load_checkpoint(resume.resume_dir(self.run_dir) / resume.CHECKPOINT)
         return {"version": self.version, "checksum": weights_checksum(self.trainer.export_weights())}
 
@@ -169,6 +169,11 @@ class CoreTrainer(_Side):
         self.publisher.close()
 
 
+def is_checksum_error(exc: Exception) -> bool:
+    """A pull refused because its bytes do not match the manifest (``BufferPuller._verify``)."""
+    return str(exc).startswith("checksum mismatch")
+
+
 class SatelliteTrainer(_Side):
     def __init__(self, cfg: GyreConfig, run_dir: Path):
         from gyre_hpc.transfer import make_puller
@@ -178,12 +183,14 @@ class SatelliteTrainer(_Side):
         self.puller = make_puller(cfg.transfer)
         self.version = -1
         self.pulls: list[dict] = []
+        self.pull_retries: list[dict] = []  # pulls retried after a checksum mismatch
 
     def ensure(self, version: int | None = None, timeout_s: float = 60.0, idle=None) -> dict | None:
         """Pull the core's weights of ``version`` (None: the latest) unless they are loaded; returns the stats."""
         from gyre_hpc.transfer import WeightDescriptor
 
         deadline = time.monotonic() + timeout_s
+        bad = 0  # checksum failures of this pull, retried up to transfer.checksum_retries times
         while True:
             latest = store.read_latest(self.run_dir)
             want = version if version is not None else (latest or {}).get("version")
@@ -193,6 +200,10 @@ class SatelliteTrainer(_Side):
                 try:
                     arrays, stats = self.puller.pull(WeightDescriptor.from_dict(latest["descriptor"]))
                 except TransferError as exc:
+                    if is_checksum_error(exc) and bad < self.cfg.transfer.checksum_retries:
+                        bad += 1
+                        self.pull_retries.append({"version": want, "error": str(exc)[:300]})
+                        continue  # damaged in flight (or overwritten meanwhile): pull it again
                     if "stale" not in str(exc) or time.monotonic() > deadline:
                         raise
                     continue  # the core published a newer version meanwhile: read LATEST again

@@ -2,7 +2,9 @@
 
 ::
 
-    SIGTERM / SIGUSR1 on a rank     (mpirun forwards SIGUSR1 to the ranks; srun and scancel signal the step)
+    SIGTERM / SIGUSR1 on a rank     (srun and scancel signal the step), or RUN_DIR/preempt.request (written by
+                                    ``gyre train`` when it gets the signal: rank 0 polls it, no rank is signalled,
+                                    so a rank still starting up cannot die of it)
       rank 0:  Rollouts.close (no group starts or becomes ready) · Hub.freeze (no group goes out) · no more
                decisions · wait until no step is pending and the allocator applied the core's last step
                · write RUN_DIR/resume (gyre_hpc.resume) · event ``preempted`` · Shutdown("preempted: SIG") to the cells
@@ -13,8 +15,13 @@
              the SchedState counters, the step records and the run counters; event ``resumed``
 
 The buffer is the hub's untrained groups, then (fixed batches) the ready groups still held for an incomplete
-batch, by gid. After a resume they are all ready at once and fixed batches count on from the next group
-admitted: the one batch boundary a resume moves.
+batch, by gid; each keeps its ``ready_version`` (a held group: the version it would be stamped with now), so a
+resumed run splits its staleness exactly as the preempted one would have. The queries in flight at the
+preemption (admitted, not ready) are saved as ``inflight``; the resume re-issues them before any new query
+(``allocator.preempt_inflight: reissue``) or drops them (``drop``), and the summary counts either
+(``queries_reissued``, ``queries_dropped_at_preempt``). After a resume the buffered groups are all ready at
+once, and fixed batches count on from the re-issued queries, then the next group admitted: the one batch
+boundary a resume moves.
 
 Once its role has ended (run_root returned, the cell said Bye) a rank ignores both signals until it exits
 (``Preemption.ignore``): its exit status is its own, never the default action of a late signal during MPI_Finalize.
@@ -41,6 +48,9 @@ from gyre_hpc import resume
 from gyre_hpc.runtime.batches import FixedBatches
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+#: the file ``gyre train`` writes into RUN_DIR when it is preempted (its content: the signal's name)
+REQUEST_FILE = "preempt.request"
+POLL_S = 0.25
 #: seconds rank 0 waits for the step already out (its gradients, the optimizer, the STEPPED record)
 PENDING_STEP_TIMEOUT_S = 120.0
 
@@ -59,9 +69,31 @@ class Preemption:
         return self
 
     def _handler(self, signum, frame) -> None:
+        self.request(signal.Signals(signum).name)
+
+    def request(self, name: str) -> None:
+        """A preemption named ``name`` (a signal, or the launcher's request file); only the first one counts."""
         if self.signal is None:
-            self.signal, self.at = signal.Signals(signum).name, time.monotonic()
+            self.signal, self.at = name, time.monotonic()
             self.on_signal()
+
+    def watch(self, path: Path) -> "Preemption":
+        """``poll`` looks for the request file ``path`` (``gyre train`` writes the signal's name into it)."""
+        self.path, self.polled = Path(path), 0.0
+        return self.poll(force=True)
+
+    def poll(self, force: bool = False) -> "Preemption":
+        """Take the request file into account (at most every ``POLL_S`` seconds unless ``force``)."""
+        path = getattr(self, "path", None)
+        if path is None or self.signal is not None or (not force and time.monotonic() - self.polled < POLL_S):
+            return self
+        self.polled = time.monotonic()
+        try:
+            name = path.read_text().strip() or "preempt.request"
+        except FileNotFoundError:
+            return self
+        self.request(name)
+        return self
 
     def ignore(self) -> None:
         """The shutdown has begun: from now on the preemption signals are ignored. Python gives a signal with a
@@ -82,26 +114,47 @@ class Preemption:
 
 def snapshot(server, hub, rollouts, steps: list[dict], carry: dict, wall_s: float) -> dict:
     """Rank 0's resume state (gyre_hpc.resume) at a quiet point: no step pending, no group going out."""
+    held = rollouts.batches.holding() if rollouts.batches else []
+    stamped = [(g, int(g.ready_version)) for g in hub.buffer()]  # the hub stamped these on intake
+    stamped += [(g, max(hub.version, *g.gen_versions, 0)) for g in held]  # what the hub's intake would stamp now
     buffer = [{"gid": g.gid, "tito": str(rollouts.tito_path(g.gid)), "runs": g.runs, "rewards": list(g.rewards),
-               "trained_tokens": int(g.trained_tokens), "gen_versions": [int(v) for v in g.gen_versions]}
-              for g in [*hub.buffer(), *(rollouts.batches.holding() if rollouts.batches else [])]]
+               "trained_tokens": int(g.trained_tokens), "gen_versions": [int(v) for v in g.gen_versions],
+               "ready_version": rv} for g, rv in stamped]
+    inflight = [gid for gid in rollouts.inflight() if gid not in {g["gid"] for g in buffer}]
     counters = {"wall_s": carry.get("wall_s", 0.0) + wall_s,
                 "runs_finished": carry.get("runs_finished", 0) + rollouts.ended_runs,
                 "groups": rollouts.groups, "build_errors": rollouts.errors, "segments": carry.get("segments", 0) + 1,
-                "proxy": carry.get("proxy", {})}
+                "proxy": carry.get("proxy", {}), "queries_reissued": carry.get("queries_reissued", 0),
+                "queries_dropped_at_preempt": carry.get("queries_dropped_at_preempt", 0)}
     return {"version": hub.version, "sched": resume.sched_snapshot(server.state), "steps": steps, "buffer": buffer,
-            "next_gid": rollouts.next_gid, "counters": counters}
+            "next_gid": rollouts.next_gid, "counters": counters, "inflight": inflight}
 
 
-def restore(saved: dict, server, hub, rollouts, now: float) -> list:
+def reissued(saved: dict, reissue: bool) -> list[int]:
+    """The gids a resume starts again: the queries in flight at the preemption, unless they are dropped."""
+    return [int(g) for g in saved.get("inflight", [])] if reissue else []
+
+
+def inflight_counters(saved: dict, reissue: bool) -> dict:
+    """The run counters after a resume took the saved in-flight queries (re-issued or dropped)."""
+    c, n = saved["counters"], len(saved.get("inflight", []))
+    return {**c, "queries_reissued": c.get("queries_reissued", 0) + (n if reissue else 0),
+            "queries_dropped_at_preempt": c.get("queries_dropped_at_preempt", 0) + (0 if reissue else n)}
+
+
+def restore(saved: dict, server, hub, rollouts, now: float, reissue: bool = True) -> list:
     """Put a loaded resume state back into a fresh rank 0 (before the allocator's first decision)."""
     from gyre_hpc.runtime.rollouts import work_s
 
     groups = [rollouts.rebuild(g) for g in saved["buffer"]]
+    for g, s in zip(groups, saved["buffer"]):  # an older state without it: the floor its own tokens set
+        g.ready_version = int(s.get("ready_version", max(saved["version"], *g.gen_versions, 0)))
     hub.restore(groups, saved["version"])
     rollouts.next_gid = saved["next_gid"]
-    if rollouts.batches is not None:  # fixed batches count on from the next group admitted
-        rollouts.batches = FixedBatches(rollouts.batches.B, base=saved["next_gid"])
+    again = reissued(saved, reissue)
+    rollouts.reissue(again)
+    if rollouts.batches is not None:  # fixed batches count on from the next group admitted (re-issued first)
+        rollouts.batches = FixedBatches(rollouts.batches.B, base=saved["next_gid"], first=tuple(again))
     rollouts.groups = list(saved["counters"]["groups"])
     rollouts.errors = list(saved["counters"]["build_errors"])
     resume.restore_sched(server.state, saved["sched"], len(groups), work_s(groups), now)

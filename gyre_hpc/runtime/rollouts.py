@@ -25,8 +25,11 @@ Invariants (tests/integration/test_live_training.py)
 - Every started run ends with an outcome (the harness's guarantee); ``stop()`` cancels the runs still going
   (they end ``aborted``) and counts them apart from the finished ones.
 - After ``close()`` (preemption) no group is offered and none is started: the trajectory buffer saved for the
-  resume is what the hub held when the preemption signal came. ``rebuild`` turns a buffered group's TITO
-  file back into the same training group (the batch is a pure function of the file and the config).
+  resume is what the hub held when the preemption signal came; ``inflight()`` is every group admitted and not
+  ready then (the queries a resume re-issues, or counts as dropped). ``reissue(gids)`` makes the next
+  ``admit`` start those queries again, before any new one (a query is a pure function of its gid and the
+  seed). ``rebuild`` turns a buffered group's TITO file back into the same training group (the batch is a pure
+  function of the file and the config).
 """
 from __future__ import annotations
 
@@ -71,6 +74,9 @@ class Rollouts:
         self.groups: list[dict] = []  # per ready group: gid, runs, rewards, statuses, seconds
         self.errors: list[str] = []
         self.closed = False
+        self.admitted: list[int] = []  # gids started in this segment, in order (re-issued ones first)
+        self.readied: set[int] = set()  # gids that became ready (before the preemption, if any)
+        self.pending_reissue: list[int] = []
         self.engine_cells: set[int] = set()  # cells with an engine registered with the proxy (the monitor's view)
         self.monitor = asyncio.run_coroutine_threadsafe(self._monitor(), self.loop)
 
@@ -84,7 +90,11 @@ class Rollouts:
         if self.closed:
             return 0
         for _ in range(n):
-            gid, self.next_gid = self.next_gid, self.next_gid + 1
+            if self.pending_reissue:
+                gid = self.pending_reissue.pop(0)
+            else:
+                gid, self.next_gid = self.next_gid, self.next_gid + 1
+            self.admitted.append(gid)
             self.started_runs += self.cfg.agent.runs_per_group
             self.futures.append(asyncio.run_coroutine_threadsafe(self._group(gid), self.loop))
         return n
@@ -104,6 +114,7 @@ class Rollouts:
         group.runs = len(results)
         if self.closed:  # preempted meanwhile: not part of the saved buffer
             return
+        self.readied.add(gid)
         self.groups.append({"gid": gid, "runs": len(results), "seconds": group.t_ready - t0,
                             "rewards": group.rewards, "versions": list(group.gen_versions),
                             "statuses": [r.outcome.status.value for r in results], "lost": lost})
@@ -122,6 +133,15 @@ class Rollouts:
     def close(self) -> None:
         """Preemption: start no group and offer none from now on (thread-safe: one attribute)."""
         self.closed = True
+
+    def inflight(self) -> list[int]:
+        """The queries admitted and not ready (after ``close``: those the preemption interrupted), in order."""
+        ready = set(self.readied)
+        return [g for g in list(self.admitted) + list(self.pending_reissue) if g not in ready]
+
+    def reissue(self, gids: list[int]) -> None:
+        """A resume: the next ``admit`` starts the queries ``gids`` again, first, in this order."""
+        self.pending_reissue = list(gids)
 
     def tito_path(self, gid: int) -> Path:
         return self.run_dir / "tito" / f"q{gid:05d}.jsonl"

@@ -62,6 +62,8 @@ class LiveServer(AllocatorServer):
         reason = super().stop_reason()
         if reason is None and self.lost_groups is not None and self.lost_groups.error is not None:
             return f"error: {self.lost_groups.error}"
+        if reason is None:
+            self.preemption.poll()  # the launcher's request file (runtime.preempt.REQUEST_FILE)
         if reason is not None or not self.preemption.requested:
             return reason
         self.hub.freeze()  # the core can finish the step already out, and no other
@@ -99,12 +101,15 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
     preemption = preemption or preempt.Preemption()
     saved = _load_resume(cfg, run_dir)
     pcfg = dataclasses.replace(cfg.proxy, event_log=str(run_dir / "proxy-events.jsonl"))
-    proxy = start_proxy(pcfg, port=free_port(cfg.proxy.host), log_path=run_dir / "proxy.log", config_dir=run_dir)
-    comm.bcast(proxy.url, root=0)
     steps: list[dict] = []
     end: dict = {}
-    carry: dict = saved["counters"] if saved else {}
+    reissue = cfg.allocator.preempt_inflight == "reissue"
+    carry: dict = preempt.inflight_counters(saved, reissue) if saved else {}
+    proxy = None
     try:
+        proxy = start_proxy(pcfg, port=free_port(cfg.proxy.host), log_path=run_dir / "proxy.log",
+                            config_dir=run_dir)
+        comm.bcast(proxy.url, root=0)
         policy = make_policy(cfg.scheduler.policy, cfg.scheduler, cfg.cluster.cells)
         log = EventLog(run_dir / cfg.allocator.events_file, transport.clock)
         server: LiveServer | None = None
@@ -166,12 +171,18 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
         rollouts.post = server.post
         if saved:
             steps.extend(saved["steps"])
-            _restore(saved, run_dir, server, hub, rollouts, policy)
+            _restore(saved, run_dir, server, hub, rollouts, policy, reissue)
         server.lost_groups = dataloss.LostGroups(lambda: rollouts.groups, cfg.allocator.max_lost_group_share,
                                                  cfg.allocator.steps * cfg.scheduler.batch_groups)
         stop = server.run()
+    except BaseException as exc:
+        where = _resume_after_error(run_dir, locals().get("server"), locals().get("hub"), locals().get("rollouts"),
+                                    steps, carry, exc)
+        _error_event(run_dir, cfg, transport, exc, where)
+        raise
     finally:
-        proxy.stop()
+        if proxy is not None:
+            proxy.stop()
     if stop["reason"].startswith("preempted"):
         return {"preempted": stop["reason"], "saved": "saved" in end, "error": end.get("preempt_error"),
                 "steps_done": stop["steps_done"], "run_dir": str(run_dir)}
@@ -197,14 +208,47 @@ def _load_resume(cfg: GyreConfig, run_dir: Path) -> dict | None:
     return saved
 
 
-def _restore(saved: dict, run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollouts, policy) -> None:
-    groups = preempt.restore(saved, server, hub, rollouts, server.clock.now())
+def _resume_after_error(run_dir: Path, server, hub, rollouts, steps: list[dict], carry: dict,
+                        exc: BaseException) -> str | None:
+    """Rank 0 failed: a resume state if the run stands at a quiet point (the allocator applied the core's last step
+    and no step is out), as for a preemption; else None. Best effort (the error may be a full disk)."""
+    if isinstance(exc, KeyboardInterrupt) or server is None or hub is None or rollouts is None or not server.started:
+        return None  # not started: nothing new to save (a resumed run's earlier state stays as it was)
+    if hub.step_pending or server.state.version != hub.version or not steps and hub.version:
+        return None
+    try:
+        rollouts.close()
+        state = preempt.snapshot(server, hub, rollouts, steps, carry, 0.0)
+        resume.save(run_dir, state, preempt.checkpoint_dir(run_dir))
+    except (GyreError, OSError):
+        return None
+    return str(resume.resume_dir(run_dir))
+
+
+def _error_event(run_dir: Path, cfg: GyreConfig, transport, exc: BaseException, resume_at: str | None) -> None:
+    """An unrecoverable error on rank 0: one ``error`` event in events.jsonl (best effort: the disk may be full)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return
+    rec = {"t": round(transport.clock.now(), 6), "wall": round(time.time(), 6), "event": "error",
+           "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500], "resume": resume_at}
+    try:
+        with open(run_dir / cfg.allocator.events_file, "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec) + "\n")
+    except OSError:
+        pass
+
+
+def _restore(saved: dict, run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollouts, policy,
+             reissue: bool) -> None:
+    groups = preempt.restore(saved, server, hub, rollouts, server.clock.now(), reissue)
     atomic_write_text(run_dir / "metrics.jsonl", "".join(json.dumps(s) + "\n" for s in saved["steps"]))
     st = server.state
     server.log.write({"event": "resumed", "version": st.version, "steps_done": st.steps_done,
                       "buffer": [g.gid for g in groups], "trained_batches": st.trained_batches,
                       "lag_sum": st.lag_sum, "window": policy.window(st), "next_gid": rollouts.next_gid,
-                      "segment": saved["counters"]["segments"] + 1})
+                      "segment": saved["counters"]["segments"] + 1,
+                      "reissued": preempt.reissued(saved, reissue),
+                      "dropped": [] if reissue else list(saved.get("inflight", []))})
 
 
 def _save_resume(run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollouts, steps: list[dict],
@@ -219,10 +263,12 @@ def _save_resume(run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollou
         server.log.write({"event": "preempt_failed", "error": str(exc)})
         return
     end["saved"] = True
+    (run_dir / preempt.REQUEST_FILE).unlink(missing_ok=True)  # served: a resumed run must not stop at once
     server.log.write({"event": "preempted", "signal": preemption.signal, "version": state["version"],
                       "steps_done": st.steps_done, "buffer": [g["gid"] for g in state["buffer"]],
                       "trained_batches": st.trained_batches, "lag_sum": st.lag_sum, "window": policy.window(st),
-                      "next_gid": state["next_gid"], "resume": str(resume.resume_dir(run_dir))})
+                      "next_gid": state["next_gid"], "inflight": state["inflight"],
+                      "resume": str(resume.resume_dir(run_dir))})
 
 
 def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollouts, end: dict, carry: dict,
@@ -260,6 +306,8 @@ def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollou
         "switch_s": {d: _median([s[f"{d}_s"] for s in switches if f"{d}_s" in s])
                      for d in ("total", "drain", "engine_stop", "engine_sleep", "weight_pull", "engine_start",
                                "engine_wake")},
+        "queries_reissued": carry.get("queries_reissued", 0),
+        "queries_dropped_at_preempt": carry.get("queries_dropped_at_preempt", 0),
         "build_errors": rollouts.errors, "stop": stop, "run_dir": str(run_dir),
         **({"error": stop["reason"][len("error: "):]} if stop["reason"].startswith("error: data loss") else {}),
     }

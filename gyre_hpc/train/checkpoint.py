@@ -2,8 +2,11 @@
 
 Layout of a checkpoint directory::
 
-    <path>/meta.json          {"version": ..., "tensor_parallel": ..., "world_size": ...}
-    <path>/rank000.pt ...     torch.save of each rank's Trainer.state_dict()
+    <path>/meta.json                   {"version": ..., "tensor_parallel": ..., "world_size": ...}
+    <path>/rank000.safetensors ...     each rank's model tensors (safetensors: no code in the file format)
+    <path>/rank000.state.pt ...        the rest of its Trainer.state_dict(): optimizer state, version, the model's
+                                       non-tensor entries; plain tensors, numbers, strings, lists and dicts only,
+                                       read with ``torch.load(weights_only=True)``
 
 Invariants
 - A checkpoint directory appears only complete: every rank writes into one temporary sibling directory
@@ -13,6 +16,9 @@ Invariants
 - ``gather_full`` returns each parameter as the single-rank model would hold it: tensor-parallel shards are
   gathered along ``partition_dim``, and SwiGLU ``linear_fc1`` shards ([gate_r; up_r]) are re-ordered to
   [gate; up].
+- Nothing in a checkpoint is unpickled with arbitrary globals: a file that holds any other object (a planted
+  pickle with a ``__reduce__`` payload) is refused with a ``CheckpointError`` before any of it runs
+  (tests/integration/test_checkpoint_hostile.py).
 """
 from __future__ import annotations
 
@@ -46,7 +52,7 @@ def save(path: str | Path, state: dict, meta: dict) -> Path:
         tmp = [stack.enter_context(atomic_dir(path)) if rank == 0 else None]
         if world > 1:
             dist.broadcast_object_list(tmp, src=0)
-        torch.save(state, tmp[0] / f"rank{rank:03d}.pt")
+        _write_rank(tmp[0], rank, state)
         _barrier()
         if rank == 0:
             (tmp[0] / "meta.json").write_text(json.dumps({**meta, "world_size": world}, indent=1))
@@ -64,7 +70,56 @@ def load(path: str | Path) -> tuple[dict, dict]:
     meta = json.loads(meta_file.read_text())
     if meta.get("world_size") != world:
         raise CheckpointError(f"{path}: saved by {meta.get('world_size')} ranks, loading with {world}")
-    return torch.load(path / f"rank{rank:03d}.pt", weights_only=False), meta
+    return _read_rank(path, rank), meta
+
+
+def rank_files(path: str | Path, rank: int) -> list[Path]:
+    """The files of rank ``rank`` in the checkpoint directory ``path`` (what a resume needs of it)."""
+    from gyre_hpc.resume import RANK_FILES
+
+    return [Path(path) / f.format(rank=rank) for f in RANK_FILES]
+
+
+def _write_rank(directory: Path, rank: int, state: dict) -> None:
+    from safetensors.torch import save_file
+
+    model = state["model"]
+    tensors, seen = {}, set()
+    for k, v in model.items():
+        if isinstance(v, torch.Tensor):
+            v = v.detach().to("cpu").contiguous()
+            ptr = (v.untyped_storage().data_ptr(), v.storage_offset())
+            tensors[k] = v.clone() if ptr in seen else v  # safetensors refuses tensors that share memory
+            seen.add(ptr)
+    rest = {k: v for k, v in state.items() if k != "model"}
+    rest["model_extra"] = {k: v for k, v in model.items() if not isinstance(v, torch.Tensor)}
+    weights, other = rank_files(directory, rank)
+    save_file(tensors, str(weights))
+    torch.save(rest, other)
+
+
+def _read_rank(path: Path, rank: int) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    weights, other = rank_files(path, rank)
+    for f in (weights, other):
+        if not f.is_file():
+            raise CheckpointError(f"{f}: missing (a checkpoint holds {weights.name} and {other.name} per rank)")
+    try:
+        model = load_file(str(weights))
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{weights}: not a safetensors file ({exc})") from None
+    try:
+        rest = torch.load(other, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - the unpickler refuses with several types; none runs the payload
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{other}: refused (only tensors, numbers, strings, lists and dicts are read "
+                              f"from a checkpoint): {first}") from None
+    if not isinstance(rest, dict) or "version" not in rest:
+        raise CheckpointError(f"{other}: not a checkpoint's state (a dict with the key 'version')")
+    extra = rest.pop("model_extra", {}) or {}
+    return {**rest, "model": {**model, **extra}}
 
 
 def gather_full(model: torch.nn.Module, swiglu: bool) -> dict[str, torch.Tensor]:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
+from safetensors.torch import load_file
 
 from gyre_hpc.allocator.eventlog import read_events
 from gyre_hpc.engines.weights import weights_checksum
@@ -21,7 +21,7 @@ from slurm_cluster import mpirun  # noqa: F401  (fixture)
 pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 4
+STEPS = 6
 OVERRIDES = ["cluster.cells=2", "scheduler.policy=async", "scheduler.async_train_cells=1", "scheduler.batch_groups=2",
              f"allocator.steps={STEPS}", "agent.runs_per_group=2", "agent.turns=[1, 2]", "run.name=preempt",
              "allocator.hello_timeout_s=600", "allocator.heartbeat_timeout_s=300", "proxy.startup_timeout_s=180",
@@ -53,21 +53,29 @@ def steps_done(out: Path) -> int:
     return len(metrics[0].read_text().splitlines()) if metrics else 0
 
 
+def buffered(out: Path) -> bool:
+    """At least 2 steps done and an odd number of groups ready (groups.jsonl has a line per ready group): with
+    fixed batches of 2 one of them is held for its batch mate, so the trajectory buffer is not empty."""
+    groups = list(out.glob("*/groups.jsonl"))
+    done = steps_done(out)
+    return done >= 2 and bool(groups) and len(groups[0].read_text().splitlines()) % 2 == 1
+
+
 @pytest.fixture(scope="module")
 def preempted(mpirun, tmp_path_factory):
     out = tmp_path_factory.mktemp("preempt")
     proc = gyre_train(out)
     deadline = time.time() + TIMEOUT_S
-    while steps_done(out) < 2 and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
+    while not buffered(out) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     code, stdout, stderr = finish(proc)
     (run_dir,) = out.glob("preempt-*")
     assert code == PREEMPTED_EXIT and (run_dir / "resume").is_dir(), f"exit {code}:\n{stderr[-4000:]}"
-    saved = torch.load(run_dir / "resume" / "checkpoint" / "rank000.pt", weights_only=False)
-    model = {k: v for k, v in saved["model"].items() if isinstance(v, torch.Tensor)}
+    model = load_file(str(run_dir / "resume" / "checkpoint" / "rank000.safetensors"))
+    version = json.loads((run_dir / "resume" / "checkpoint" / "meta.json").read_text())["version"]
     return code, stdout, stderr, run_dir, json.loads((run_dir / "resume" / "state.json").read_text()), \
-        weights_checksum(model), saved["version"]
+        weights_checksum(model), version
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +95,9 @@ def test_sigterm_saves_the_resume_state_and_exits_preempted(preempted):
     assert [s["version"] for s in state["steps"]] == list(range(1, state["version"] + 1))
     events = read_events(run_dir / "events.jsonl")
     (pre,) = [e for e in events if e["event"] == "preempted"]
-    assert pre["signal"] == "SIGUSR1"  # gyre train forwards SIGTERM to mpirun as SIGUSR1
+    assert pre["signal"] == "SIGTERM"  # gyre train passes it on as RUN_DIR/preempt.request
     assert pre["version"] == state["version"] and pre["buffer"] == [g["gid"] for g in state["buffer"]]
-    assert events[-1]["event"] == "stop" and events[-1]["reason"] == "preempted: SIGUSR1"
+    assert events[-1]["event"] == "stop" and events[-1]["reason"] == "preempted: SIGTERM"
     assert not (run_dir / "summary.json").exists()
 
 
@@ -99,6 +107,20 @@ def test_buffered_groups_were_never_trained_and_carry_their_token_versions(preem
     assert not trained & {g["gid"] for g in state["buffer"]}
     assert all(max(g["gen_versions"], default=0) <= state["version"] for g in state["buffer"])
     assert all(Path(g["tito"]).is_file() for g in state["buffer"])
+
+
+def test_buffered_groups_keep_their_ready_version_and_the_queries_in_flight_are_reissued(preempted, resumed):
+    state, (summary, _) = preempted[4], resumed
+    assert state["buffer"] and max(g["ready_version"] for g in state["buffer"]) >= 1, state["buffer"]
+    assert all(max(g["gen_versions"], default=0) <= g["ready_version"] <= state["version"] for g in state["buffer"])
+    events = read_events(preempted[3] / "events.jsonl")
+    (res,) = [e for e in events if e["event"] == "resumed"]
+    assert res["reissued"] == state["inflight"] and res["dropped"] == []
+    assert summary["queries_reissued"] == len(state["inflight"]) and summary["queries_dropped_at_preempt"] == 0
+    admitted_after = [e for e in events[events.index(res):] if e["event"] == "order" and e["order"] == "admit"]
+    assert sum(e["started"] for e in admitted_after) >= len(state["inflight"])
+    times = [e["t"] for e in events]
+    assert times == sorted(times)  # one time line across both segments
 
 
 def test_resumed_run_continues_the_step_numbers_and_the_version(preempted, resumed):

@@ -129,3 +129,65 @@ def test_resuming_with_another_config_fails_before_any_process_starts_naming_the
     lr = load_config("configs/local.yaml", []).train.lr
     with pytest.raises(ConfigError, match=rf"config.yaml: .*train.lr: {lr} there, 0.5 now"):
         check_resume_config(load_config("configs/local.yaml", ["train.lr=0.5", "allocator.steps=20"]), run)
+
+
+def rank_files(ckpt, ranks=1):
+    """Files with the headers of their formats (a safetensors JSON header, torch.save's zip container)."""
+    header = b'{"__metadata__":{}}'
+    for r in range(ranks):
+        (ckpt / f"rank{r:03d}.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+        (ckpt / f"rank{r:03d}.state.pt").write_bytes(b"PK\x03\x04" + b"\0" * 60)
+
+
+def test_check_files_refuses_a_rank_file_that_is_not_of_its_format(tmp_path):
+    ckpt = checkpoint(tmp_path, 0)
+    rank_files(ckpt)
+    (ckpt / "rank000.safetensors").write_bytes(b"\xff" * 16)
+    resume.save(tmp_path / "run", state(0, ()) | {"buffer": []}, ckpt)
+    with pytest.raises(CheckpointError, match=r"rank000\.safetensors: not a safetensors file"):
+        resume.check_files(tmp_path / "run", resume.load(tmp_path / "run"))
+
+
+def test_check_files_names_the_first_missing_rank_file_of_the_checkpoint(tmp_path):
+    ckpt = checkpoint(tmp_path, 2)
+    rank_files(ckpt)
+    (tmp_path / "tito").mkdir()
+    s = state()
+    s["buffer"][0]["tito"] = str(tmp_path / "tito" / "q00007.jsonl")
+    (tmp_path / "tito" / "q00007.jsonl").write_text("{}\n")
+    resume.save(tmp_path / "run", s, ckpt)
+    got = resume.load(tmp_path / "run")
+    resume.check_files(tmp_path / "run", got)  # complete: no error
+    (tmp_path / "run" / "resume" / "checkpoint" / "rank000.state.pt").unlink()
+    with pytest.raises(CheckpointError, match=r"rank000\.state\.pt: missing"):
+        resume.check_files(tmp_path / "run", got)
+
+
+def test_check_files_names_a_missing_trajectory_file_of_the_buffer(tmp_path):
+    ckpt = checkpoint(tmp_path, 2)
+    rank_files(ckpt)
+    resume.save(tmp_path / "run", state(), ckpt)
+    with pytest.raises(CheckpointError, match=r"q00007\.jsonl: missing"):
+        resume.check_files(tmp_path / "run", resume.load(tmp_path / "run"))
+
+
+def test_the_empty_state_loads_without_a_checkpoint_and_needs_only_itself(tmp_path):
+    resume.save_empty(tmp_path / "run")
+    got = resume.load(tmp_path / "run")
+    assert (got["version"], got["steps"], got["buffer"], got["inflight"]) == (0, [], [], [])
+    assert not resume.has_checkpoint(tmp_path / "run")
+    assert resume.needed_files(tmp_path / "run", got) == [tmp_path / "run" / "resume" / "state.json"]
+
+
+def test_a_state_of_version_one_or_more_without_its_checkpoint_is_refused(tmp_path):
+    resume.save(tmp_path / "run", state(), checkpoint(tmp_path, 2))
+    import shutil
+
+    shutil.rmtree(tmp_path / "run" / "resume" / "checkpoint")
+    with pytest.raises(CheckpointError, match="holds version None"):
+        resume.load(tmp_path / "run")
+
+
+def test_the_in_flight_policy_may_change_across_a_resume():
+    assert resume.config_changes({"allocator": {"preempt_inflight": "reissue"}},
+                                 {"allocator": {"preempt_inflight": "drop"}}) == {}
