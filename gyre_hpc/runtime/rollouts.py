@@ -118,7 +118,9 @@ class Rollouts:
         self.closed = True
 
     def tito_path(self, gid: int) -> Path:
-        return self.run_dir / "tito" / f"q{gid:05d}.jsonl"
+        from gyre_hpc.proxy.recorder import group_file
+
+        return self.run_dir / "tito" / group_file(gid)
 
     def rebuild(self, saved: dict) -> dp.Group:
         """A buffered group of a resume state, rebuilt from its TITO file; its trained tokens must match."""
@@ -145,7 +147,7 @@ class Rollouts:
 
         path = self.tito_path(gid)
         with ProxyClient(self.proxy_url, timeout=60.0) as proxy:
-            proxy.flush_tito(str(path), [r.run_id for r in results])
+            proxy.flush_tito(path.name, [r.run_id for r in results])  # into proxy.tito_dir = RUN_DIR/tito
         calls = read_tito(path, self.cfg.model.vocab_size).calls
         return self._batch(gid, TitoLog(calls, tuple(r.outcome for r in results), str(path)))
 

@@ -91,7 +91,8 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
     t0 = time.perf_counter()
     preemption = preemption or preempt.Preemption()
     saved = _load_resume(cfg, run_dir)
-    pcfg = dataclasses.replace(cfg.proxy, event_log=str(run_dir / "proxy-events.jsonl"))
+    pcfg = dataclasses.replace(cfg.proxy, event_log=str(run_dir / "proxy-events.jsonl"),
+                               tito_dir=str(run_dir / "tito"))
     proxy = start_proxy(pcfg, port=free_port(cfg.proxy.host), log_path=run_dir / "proxy.log", config_dir=run_dir)
     comm.bcast(proxy.url, root=0)
     steps: list[dict] = []
