@@ -150,6 +150,9 @@ def launch(args: argparse.Namespace, cells: int, run_dir: Path) -> int:
     if mpirun is None:
         raise ConfigError("cluster.cells: a live run needs mpirun (apt-get install openmpi-bin) and mpi4py")
     root = str(Path(__file__).resolve().parents[1])
+    from gyre_hpc import auth
+
+    auth.write_secret(run_dir, auth.ensure_secret())  # the job secret: to the ranks through the environment only
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
     env.update(dict(e.split("=", 1) for e in LOCAL_EXPORTS))  # Open MPI over loopback TCP, as root
     env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
@@ -252,6 +255,9 @@ def _rank(cfg, args: argparse.Namespace) -> int:
     transport = MpiTransport(1 + cfg.cluster.cells)
     _traceback_on_signal(run_dir / "traces" / f"rank{transport.rank}.txt")
     comm = open_data_comm()
+    from gyre_hpc.runtime.secret import share_job_secret
+
+    share_job_secret(comm, run_dir)  # every listener of the job requires it (gyre_hpc/auth.py)
     with _abort_world_on_error(transport.rank):
         try:
             return _role(cfg, args, run_dir, transport, comm, preemption)
