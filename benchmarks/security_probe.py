@@ -2,13 +2,14 @@
 
     python benchmarks/security_probe.py --json [--config configs/local.yaml] [--steps 2]
 
-It starts a short live run (``gyre train``), waits until the proxy and at least one engine serve, then
+It starts a short live run (``gyre train``) and, once a second until it ends,
 1. lists every listening socket of every process of the run (psutil ``net_connections`` of the launcher's process
    tree: mpirun, the ranks, the proxy, the engines) with its address; ``0.0.0.0`` and ``::`` count as wildcard;
-2. reads each HTTP service's route table (its ``/openapi.json``, fetched with the job secret from RUN_DIR/job.secret,
-   as an operator would) and calls every route without a token, with a wrong one, and (admin routes) with an
-   agent's run key; anything but 401 (403 for the run key) counts as open;
-3. lets the run finish and counts the run's processes and ports left 10 s after the launcher exited.
+2. for each HTTP service seen for the first time (the proxy, each engine, restarted ones too) reads its route table
+   (its ``/openapi.json``, fetched with the job secret from RUN_DIR/job.secret, as an operator would) and calls
+   every route without a token, with a wrong one, and (proxy admin routes) with an agent's run key; anything but
+   401 (403 for the run key) counts as open;
+3. after the run, counts the run's processes and listening sockets left 10 s after the launcher exited.
 
 It prints ``{"listeners_wildcard", "routes", "routes_open_without_secret", ...}`` (details under ``listeners``
 and ``open``). BENCHMARKS.md and docs/reliability.md record the result.
@@ -38,10 +39,11 @@ WILDCARD = ("0.0.0.0", "::")
 
 
 def _role(proc: psutil.Process) -> str:
+    if proc.name() in ("mpirun", "orterun", "orted", "prterun", "prted"):
+        return "mpirun"
     cmd = " ".join(proc.cmdline())
     for key, role in (("gyre_hpc.engines.local", "engine"), ("sglang.launch_server", "engine"),
-                      ("gyre_hpc.proxy.server", "proxy"), ("gyre_hpc.cli train", "rank"),
-                      ("mpirun", "mpirun"), ("orted", "mpirun")):
+                      ("gyre_hpc.proxy.server", "proxy"), ("gyre_hpc.cli train", "rank")):
         if key in cmd:
             return role
     return proc.name()
@@ -63,47 +65,59 @@ def _tree(pid: int) -> list[psutil.Process]:
 
 
 def listeners(pid: int) -> list[dict]:
-    """Every listening TCP socket of the process tree under ``pid``."""
+    """Every listening TCP socket of the process tree under ``pid``; ``http`` marks a service's own port (the
+    ``--port`` of an engine or the proxy; their other sockets are torch.distributed's, in-process)."""
     out = []
     for proc in _tree(pid):
         try:
-            role = _role(proc)
+            role, cmd = _role(proc), proc.cmdline()
+            port = int(cmd[cmd.index("--port") + 1]) if role in ("proxy", "engine") and "--port" in cmd else None
             for conn in proc.net_connections(kind="tcp"):
                 if conn.status == psutil.CONN_LISTEN:
-                    out.append({"pid": proc.pid, "process": role, "ip": conn.laddr.ip, "port": conn.laddr.port})
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    out.append({"pid": proc.pid, "process": role, "ip": conn.laddr.ip, "port": conn.laddr.port,
+                                "http": conn.laddr.port == port})
+        except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError, IndexError):
             continue
     return out
 
 
 def _services(found: list[dict]) -> dict[str, str]:
     """URL → role of the HTTP services among the listeners (the proxy and the engines)."""
-    return {f"http://{s['ip']}:{s['port']}": s["process"] for s in found if s["process"] in ("proxy", "engine")}
+    return {f"http://{s['ip']}:{s['port']}": s["process"] for s in found if s["http"]}
 
 
 def _routes(url: str, secret: str) -> list[tuple[str, str]]:
-    spec = httpx.get(f"{url}/openapi.json", headers=auth.bearer(secret), timeout=30.0).json()
+    spec = httpx.get(f"{url}/openapi.json", headers=auth.bearer(secret), timeout=120.0).json()
     routes = [(method.upper(), path) for path, item in spec["paths"].items() for method in item]
     return sorted(set(routes) | {("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/redoc")})
 
 
-def probe_routes(services: dict[str, str], secret: str) -> dict:
+def probe_service(client: httpx.Client, url: str, role: str, secret: str, result: dict) -> None:
+    """Call every route of one service without a token, with a wrong one and (proxy admin) with a run key."""
     wrong = auth.bearer(auth.new_secret())
     run_key = auth.bearer(auth.run_key(secret, "q0-r0"))
-    routes, open_plain, open_wrong, open_run_key = [], [], [], []
-    with httpx.Client(timeout=30.0) as client:
-        for url, role in sorted(services.items()):
-            for method, path in _routes(url, secret):
-                routes.append(f"{role} {method} {path}")
-                if client.request(method, url + path, json={}).status_code != 401:
-                    open_plain.append(f"{role} {method} {path}")
-                if client.request(method, url + path, json={}, headers=wrong).status_code != 401:
-                    open_wrong.append(f"{role} {method} {path}")
-                if role == "proxy" and path not in RUN_ROUTES:
-                    if client.request(method, url + path, json={}, headers=run_key).status_code != 403:
-                        open_run_key.append(f"{role} {method} {path}")
-    return {"routes": routes, "open_without_secret": open_plain, "open_with_wrong_secret": open_wrong,
-            "admin_open_to_run_key": open_run_key}
+
+    def status(method: str, path: str, headers: dict) -> int | None:
+        try:
+            return client.request(method, url + path, json={}, headers=headers).status_code
+        except httpx.HTTPError:  # no answer (the service stopped meanwhile): nothing was served
+            return None
+
+    try:
+        table = _routes(url, secret)
+    except httpx.HTTPError:  # an engine stopped between the listing and the probe (its cell switched)
+        result["services_gone"].append(url)
+        return
+    result["services"].append(f"{role} {url}")
+    for method, path in table:
+        name = f"{role} {method} {path}"
+        result["routes"].append(name)
+        if status(method, path, {}) not in (401, None):
+            result["open_without_secret"].append(name)
+        if status(method, path, wrong) not in (401, None):
+            result["open_with_wrong_secret"].append(name)
+        if role == "proxy" and path not in RUN_ROUTES and status(method, path, run_key) not in (403, None):
+            result["admin_open_to_run_key"].append(name)
 
 
 def _run_dir(out_dir: Path) -> Path | None:
@@ -126,43 +140,49 @@ def main() -> int:
     t0 = time.monotonic()
     with open(out_dir / "probe-run.log", "wb") as log:
         run = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    result: dict = {k: [] for k in ("services", "routes", "open_without_secret", "open_with_wrong_secret",
+                                    "admin_open_to_run_key", "services_gone")}
+    seen: dict[tuple, dict] = {}  # (pid, ip, port) → listener, over the whole run
+    pids: set[int] = set()
+    probed: set[str] = set()
     try:
-        found: list[dict] = []
-        while run.poll() is None and time.monotonic() - t0 < args.timeout:
-            found = listeners(run.pid)
-            roles = {s["process"] for s in found}
-            if {"proxy", "engine"} <= roles:
-                break
-            time.sleep(0.5)
-        else:
-            raise SystemExit(f"the run ended or timed out before its proxy and an engine served; see {out_dir}")
-        secret = (_run_dir(out_dir) / auth.SECRET_FILE).read_text()
-        found = listeners(run.pid)
-        result = probe_routes(_services(found), secret)
-        pids = {s["pid"] for s in found} | {q.pid for q in _tree(run.pid)}
-        ports = {s["port"] for s in found}
+        with httpx.Client(timeout=60.0) as client:
+            while run.poll() is None and time.monotonic() - t0 < args.timeout:
+                now = listeners(run.pid)
+                seen.update({(s["pid"], s["ip"], s["port"]): s for s in now})
+                pids |= {q.pid for q in _tree(run.pid)}
+                run_dir = _run_dir(out_dir)
+                for url, role in _services(now).items():
+                    if url not in probed and run_dir is not None:
+                        probed.add(url)
+                        probe_service(client, url, role, (run_dir / auth.SECRET_FILE).read_text(), result)
+                time.sleep(1.0)
         rc = run.wait(max(1.0, args.timeout - (time.monotonic() - t0)))
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
             run.wait()
+    found = list(seen.values())
     ended = time.monotonic()
     while time.monotonic() - ended < 10.0:  # orphans: what is left 10 s after the launcher exited
         left = [pid for pid in pids if _alive(pid)]
         if not left:
             break
         time.sleep(0.2)
-    still = {c.laddr.port for c in psutil.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN} & ports
+    still = [c for c in psutil.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN and c.pid in pids]
     wildcard = [s for s in found if s["ip"] in WILDCARD]
     summary = {
-        "listeners": len(found), "listeners_wildcard": len(wildcard),
+        "listeners": len(found), "listeners_http": sum(s["http"] for s in found),
+        "listeners_wildcard": len(wildcard),
         "listeners_wildcard_by_process": {r: sum(s["process"] == r for s in wildcard) for r in
                                           sorted({s["process"] for s in wildcard})},
-        "routes": len(result["routes"]), "routes_open_without_secret": len(result["open_without_secret"]),
+        "services_probed": len(result["services"]), "routes": len(result["routes"]),
+        "routes_open_without_secret": len(result["open_without_secret"]),
         "routes_open_with_wrong_secret": len(result["open_with_wrong_secret"]),
         "admin_routes_open_to_run_key": len(result["admin_open_to_run_key"]),
         "run_rc": rc, "orphans_after_10s": len(left), "ports_listening_after_10s": len(still),
-        "listeners_detail": found, "open": {k: v for k, v in result.items() if k != "routes" and v},
+        "listeners_detail": found, "services": result["services"],
+        "open": {k: v for k, v in result.items() if k not in ("routes", "services") and v},
         "run_dir": str(_run_dir(out_dir)),
     }
     if args.json:

@@ -37,7 +37,7 @@ from gyre_hpc.config import load_config, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
 from gyre_hpc.io import atomic_write_json, atomic_write_text, make_run_dir
 from gyre_hpc.resume import PREEMPTED_EXIT
-from gyre_hpc.slurm.sbatch import LOCAL_EXPORTS
+from gyre_hpc.slurm.sbatch import LOCAL_EXPORTS, SINGLE_HOST_EXPORTS
 from jobs import add_overrides
 
 DESCRIPTION = """\
@@ -155,18 +155,27 @@ def launch(args: argparse.Namespace, cells: int, run_dir: Path) -> int:
     auth.write_secret(run_dir, auth.ensure_secret())  # the job secret: to the ranks through the environment only
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
     env.update(dict(e.split("=", 1) for e in LOCAL_EXPORTS))  # Open MPI over loopback TCP, as root
+    env.update(dict(e.split("=", 1) for e in SINGLE_HOST_EXPORTS))  # one host: shared memory, no rank listens
     env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
                PYTHONPATH=os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p))
     cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-n", str(1 + cells)] + _rank_command(args, run_dir)
     with open(run_dir / "mpirun.log", "ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=sys.stderr, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_dies_with_launcher())
         _forward_preemption(proc)
         try:
             return proc.wait()
         except BaseException:
             _stop_ranks(proc, run_dir)
             raise
+
+
+def _dies_with_launcher():
+    """mpirun gets SIGTERM when this launcher dies (even by SIGKILL): it ends its ranks, and they their services
+    (gyre_hpc/engines/children.py); no process of the run outlives it."""
+    from gyre_hpc.engines.children import dies_with_parent
+
+    return dies_with_parent(signal.SIGTERM)
 
 
 def _rank_command(args: argparse.Namespace, run_dir: Path) -> list[str]:

@@ -52,6 +52,16 @@ def child_setup() -> None:
         os._exit(1)
 
 
+def dies_with_parent(sig: int = signal.SIGTERM):
+    """A ``preexec_fn`` for a launcher's own child (mpirun): ``sig`` when the launcher dies, however it dies. Call
+    ``Popen`` from a thread that lives as long as the launcher (its main thread): the signal follows the thread."""
+    def setup() -> None:
+        _libc().prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        if os.getppid() == 1:
+            os._exit(1)
+    return setup
+
+
 def child_env(drop: Sequence[str] = ()) -> dict[str, str]:
     """This process's environment for a service child: without ``drop``, with the job secret and our PID."""
     secret = auth.ensure_secret()

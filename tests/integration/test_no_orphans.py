@@ -129,3 +129,61 @@ def test_a_spawned_child_gets_the_job_secret_and_its_parents_pid_through_its_env
         proc = children.spawn([sys.executable, "-c", code], log, {**env, "EXPECTED": env["GYRE_JOB_SECRET"]})
     assert proc.wait() == 0
     assert (tmp_path / "log").read_text().split() == ["True", str(os.getpid())]
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _listening(procs: list[psutil.Process]) -> set[int]:
+    ports = set()
+    for proc in procs:
+        try:
+            ports |= {c.laddr.port for c in proc.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+        except psutil.NoSuchProcess:
+            continue
+    return ports
+
+
+@pytest.mark.mpi
+def test_sigkill_of_the_launcher_ends_mpirun_its_ranks_and_their_services(tmp_path):
+    """``gyre train`` killed outright: mpirun gets its parent-death signal, ends the ranks, and they their proxy."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", os.path.join(root, "configs", "local.yaml"),
+           "--set", "allocator.steps=2", "--set", f"run.out_dir={tmp_path}"]
+    with open(tmp_path / "launcher.log", "wb") as log:
+        launcher = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    procs: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 300.0
+        while not any("gyre_hpc.proxy.server" in _cmdline(p) and _listening([p]) for p in procs):
+            assert launcher.poll() is None and time.monotonic() < deadline, "the run's proxy never listened"
+            time.sleep(0.2)
+            procs = _tree(launcher.pid)
+        pids, ports = [p.pid for p in procs if p.pid != launcher.pid], _listening(procs)
+        assert any("mpirun" in _cmdline(p) for p in procs) and ports
+        launcher.kill()
+        launcher.wait()
+        _within(lambda: all(_gone(pid) for pid in pids) and not (_listening_anywhere() & ports))
+    finally:
+        for proc in procs:  # only if the test failed: nothing of what it started is left behind
+            if proc.pid != launcher.pid and not _gone(proc.pid):
+                proc.kill()
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def _cmdline(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.NoSuchProcess:
+        return ""
+
+
+def _listening_anywhere() -> set[int]:
+    return {c.laddr.port for c in psutil.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
