@@ -152,7 +152,8 @@ def launch(args: argparse.Namespace, cells: int, run_dir: Path) -> int:
     root = str(Path(__file__).resolve().parents[1])
     from gyre_hpc import auth
 
-    auth.write_secret(run_dir, auth.ensure_secret())  # the job secret: to the ranks through the environment only
+    os.environ[auth.ENV] = auth.new_secret()  # this job's own secret (never one inherited from the shell)
+    auth.write_secret(run_dir, os.environ[auth.ENV])  # to the ranks through the environment only
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
     env.update(dict(e.split("=", 1) for e in LOCAL_EXPORTS))  # Open MPI over loopback TCP, as root
     env.update(dict(e.split("=", 1) for e in SINGLE_HOST_EXPORTS))  # one host: shared memory, no rank listens
