@@ -267,8 +267,8 @@ def _rank(cfg, args: argparse.Namespace) -> int:
     comm = open_data_comm()
     from gyre_hpc.runtime.secret import share_job_secret
 
-    share_job_secret(comm, run_dir)  # every listener of the job requires it (gyre_hpc/auth.py)
     with _abort_world_on_error(transport.rank):
+        share_job_secret(comm, run_dir)  # every listener of the job requires it (gyre_hpc/auth.py)
         try:
             return _role(cfg, args, run_dir, transport, comm, preemption)
         finally:
