@@ -288,6 +288,9 @@ class TransferConfig:
         for key in ("chunk_bytes", "batch_bytes", "timeout_s", "checksum_chunk_bytes"):
             require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         require(self.host.strip() != "", "host", "must be an address, got an empty string")
+        require(self.verify or self.backend != "mooncake", "verify",
+                "must stay true with backend mooncake: its listeners bind every address (docs/reliability.md), so "
+                "a pulled chunk is trusted only once its checksum matches")
 
 
 @dataclass(frozen=True)
