@@ -18,7 +18,7 @@ Security and limits (``make_server`` wraps every listener the same way; tests/in
   is the service's 400 (never a RecursionError); one client address holds at most
   ``http.max_connections_per_client`` connections (more are closed at once), the server ``http.max_connections``.
 - A service exits on its own within ``PARENT_POLL_S`` once its parent is gone (``watch_parent``): the launchers'
-  parent-death signal (``engines.launch``) covers what this watchdog cannot (a process that hangs in C code).
+  parent-death signal (``engines.children``) covers what this watchdog cannot (a process that hangs in C code).
 """
 from __future__ import annotations
 
@@ -35,7 +35,6 @@ import time
 from typing import Any, Awaitable, Callable
 
 import numpy as np
-
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
