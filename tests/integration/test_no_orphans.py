@@ -63,6 +63,8 @@ def _within(cond, seconds: float = WITHIN_S) -> float:
     return time.monotonic() - t0
 
 
+@pytest.mark.megatron
+@pytest.mark.sglang
 def test_sigkill_of_the_starting_process_ends_its_engine_and_proxy_and_frees_their_ports(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], stdout=subprocess.PIPE, text=True,
                               start_new_session=True)
@@ -150,6 +152,7 @@ def _listening(procs: list[psutil.Process]) -> set[int]:
 
 
 @pytest.mark.mpi
+@pytest.mark.megatron
 def test_sigkill_of_the_launcher_ends_mpirun_its_ranks_and_their_services(tmp_path):
     """``gyre train`` killed outright: mpirun gets its parent-death signal, ends the ranks, and they their proxy."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
