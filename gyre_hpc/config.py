@@ -230,6 +230,27 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class HttpConfig:
+    """Limits every HTTP listener of a job enforces (gyre_hpc/serving.py): slow, huge or hostile requests."""
+
+    header_timeout_s: float = param(10.0, "A connection must send a complete request head within this; else closed.")
+    body_timeout_s: float = param(30.0, "A request must send its whole body within this; else 408.")
+    keep_alive_s: float = param(5.0, "An idle keep-alive connection is closed after this (uvicorn timeout_keep_alive).")
+    max_body_bytes: int = param(16 << 20, "A larger request body is refused with 413 (Content-Length or counted).")
+    max_header_bytes: int = param(64 << 10, "Largest request head (uvicorn h11_max_incomplete_event_size).")
+    max_json_depth: int = param(64, "Deeper nesting of a JSON body is refused with 400.")
+    max_connections: int = param(4096, "Open connections beyond this get 503 (uvicorn limit_concurrency).")
+    max_connections_per_client: int = param(1024, "Open connections of one client address beyond this are closed.")
+
+    def check(self) -> None:
+        for key in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
+            require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
+        for key in ("max_body_bytes", "max_header_bytes", "max_json_depth", "max_connections",
+                    "max_connections_per_client"):
+            require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Rollout engines: every engine speaks SGLang's HTTP protocol; ``local`` is the in-repo CPU engine."""
 
@@ -263,6 +284,7 @@ class EngineConfig:
     device_half_load: float = param(
         16.0, "Emulated accelerator: running requests at which per-request decode speed halves (the "
               "simulator's workload.half_load for the same engine).")
+    http: HttpConfig = param(HttpConfig(), "HTTP limits of the local engine's listener.")
 
     def check(self) -> None:
         for key in ("max_running_requests", "max_waiting_requests", "context_len", "default_max_new_tokens",
@@ -304,6 +326,9 @@ class TransferConfig:
             require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         require(self.host.strip() != "", "host", "must be an address, got an empty string")
         require(self.checksum_retries >= 0, "checksum_retries", f"must be >= 0, got {self.checksum_retries}")
+        require(self.verify or self.backend != "mooncake", "verify",
+                "must stay true with backend mooncake: its listeners bind every address (docs/reliability.md), so "
+                "a pulled chunk is trusted only once its checksum matches")
 
 
 @dataclass(frozen=True)
@@ -327,8 +352,12 @@ class ProxyConfig:
     drain_timeout_s: float = param(60.0, "A drain waits this long for the engine's requests to leave it.")
     abort_retry_s: float = param(0.2, "While draining, /abort_request is re-sent at this interval to requests left.")
     event_log: str | None = param(None, "JSONL file the proxy appends its events to (moves, engines); null = none.")
+    tito_dir: str | None = param(
+        None, "The run's TITO directory: /admin/flush_tito writes only there, to a file it names by name (never a "
+              "path from the request); null = flushes are refused.")
     startup_timeout_s: float = param(
         120.0, "Seconds start_proxy waits for the proxy's /health (its imports are slow on a loaded machine).")
+    http: HttpConfig = param(HttpConfig(), "HTTP limits of the proxy's listener.")
 
     def check(self) -> None:
         require(1 <= self.port <= 65535, "port", f"must be a TCP port, got {self.port}")

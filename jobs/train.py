@@ -37,7 +37,7 @@ from gyre_hpc.config import load_config, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
 from gyre_hpc.io import atomic_write_json, atomic_write_text, make_run_dir
 from gyre_hpc.resume import PREEMPTED_EXIT
-from gyre_hpc.slurm.sbatch import LOCAL_EXPORTS
+from gyre_hpc.slurm.sbatch import LOCAL_EXPORTS, SINGLE_HOST_EXPORTS
 from jobs import add_overrides
 
 DESCRIPTION = """\
@@ -233,8 +233,13 @@ def launch(args: argparse.Namespace, cells: int, run_dir: Path, pending=None) ->
     if mpirun is None:
         raise ConfigError("cluster.cells: a live run needs mpirun (apt-get install openmpi-bin) and mpi4py")
     root = str(Path(__file__).resolve().parents[1])
+    from gyre_hpc import auth
+
+    os.environ[auth.ENV] = auth.new_secret()  # this job's own secret (never one inherited from the shell)
+    auth.write_secret(run_dir, os.environ[auth.ENV])  # to the ranks through the environment only
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
     env.update(dict(e.split("=", 1) for e in LOCAL_EXPORTS))  # Open MPI over loopback TCP, as root
+    env.update(dict(e.split("=", 1) for e in SINGLE_HOST_EXPORTS))  # one host: shared memory, no rank listens
     env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
                PYTHONPATH=os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p))
     env[LAUNCHED_ENV] = "1"
@@ -245,7 +250,7 @@ def launch(args: argparse.Namespace, cells: int, run_dir: Path, pending=None) ->
     shutil.rmtree(run_dir / "errors", ignore_errors=True)  # an earlier segment's (its events.jsonl has them)
     with open(run_dir / "mpirun.log", "ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=sys.stderr, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_dies_with_launcher())
         _forward_preemption(proc, run_dir)
         if pending is not None and pending.signal is not None:  # it came while mpirun was being started
             atomic_write_text(run_dir / REQUEST_FILE, pending.signal + "\n")
@@ -254,6 +259,14 @@ def launch(args: argparse.Namespace, cells: int, run_dir: Path, pending=None) ->
         except BaseException:
             _stop_ranks(proc, run_dir)
             raise
+
+
+def _dies_with_launcher():
+    """mpirun gets SIGTERM when this launcher dies (even by SIGKILL): it ends its ranks, and they their services
+    (gyre_hpc/engines/children.py); no process of the run outlives it."""
+    from gyre_hpc.engines.children import dies_with_parent
+
+    return dies_with_parent(signal.SIGTERM)
 
 
 def _rank_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
@@ -352,7 +365,10 @@ def _rank(cfg, args: argparse.Namespace, preemption=None) -> int:
     transport = MpiTransport(1 + cfg.cluster.cells, clock=WallClock(_last_event_t(cfg, run_dir)))
     _traceback_on_signal(run_dir / "traces" / f"rank{transport.rank}.txt")
     comm = open_data_comm()
+    from gyre_hpc.runtime.secret import share_job_secret
+
     with _abort_world_on_error(transport.rank, run_dir):
+        share_job_secret(comm, run_dir)  # every listener of the job requires it (gyre_hpc/auth.py)
         try:
             return _role(cfg, args, run_dir, transport, comm, preemption)
         finally:

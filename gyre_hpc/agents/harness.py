@@ -3,6 +3,8 @@
 The URL is an engine or the proxy; the harness only speaks ``/generate`` (``AsyncEngineClient``) with a ``rid`` of
 ``<run_id>/<call_id>`` per call (``env.rid_for``), so a proxy can route a run's calls stickily. Tool times are
 ``asyncio.sleep``; each run has its own timeout (``agent.timeout_s``).
+Behind the proxy each run talks with its own run key (``auth.run_key``), never the job secret: the proxy lets it
+make that run's calls and nothing else.
 
 Per run, one file ``<out_dir>/<run_id>.jsonl`` (``trajectory.records.write_tito``, atomic) is written as soon as
 the run ends. Talking to an engine directly, it holds the run's calls (in finishing order) and its outcome: the
@@ -38,6 +40,7 @@ from typing import Sequence
 import httpx
 import numpy as np
 
+from gyre_hpc import auth
 from gyre_hpc.agents.env import Episode, Generate, Tool, rid_for
 from gyre_hpc.agents.workload import Workload
 from gyre_hpc.config import AgentConfig
@@ -100,16 +103,30 @@ class Harness:
         return asyncio.run(self.run_async(groups))
 
     async def run_async(self, groups: Sequence[int]) -> list[RunResult]:
-        client = AsyncEngineClient(self.url, **self._client_args)
+        episodes = [ep for g in groups for ep in self.workload.group(g)]
+        if not self.proxy:
+            client = AsyncEngineClient(self.url, **self._client_args)
+            try:
+                return list(await asyncio.gather(*(self._run(client, None, ep) for ep in episodes)))
+            finally:
+                await client.aclose()
         transport = self.post_transport or httpx.AsyncHTTPTransport(retries=1, limits=KEEPALIVE)
-        posts = httpx.AsyncClient(base_url=self.url, timeout=30.0, transport=transport) if self.proxy else None
         try:
-            episodes = [ep for g in groups for ep in self.workload.group(g)]
-            return list(await asyncio.gather(*(self._run(client, posts, ep) for ep in episodes)))
+            return list(await asyncio.gather(*(self._run_scoped(ep, transport) for ep in episodes)))
+        finally:
+            await transport.aclose()
+
+    async def _run_scoped(self, ep: Episode, transport: httpx.AsyncBaseTransport) -> RunResult:
+        """Behind the proxy each run is its own agent: its clients hold its run key only (``auth.run_key``). The
+        outcome posts share one pooled ``transport`` (closed by ``run_async``, so this run's post client is not)."""
+        secret = auth.job_secret()
+        key = auth.run_key(secret, ep.run_id) if secret else None
+        client = AsyncEngineClient(self.url, token=key, **self._client_args)
+        posts = httpx.AsyncClient(base_url=self.url, timeout=30.0, headers=auth.bearer(key), transport=transport)
+        try:
+            return await self._run(client, posts, ep)
         finally:
             await client.aclose()
-            if posts is not None:
-                await posts.aclose()
 
     async def _run(self, client: AsyncEngineClient, posts: httpx.AsyncClient | None, ep: Episode) -> RunResult:
         calls: list[Call] = []

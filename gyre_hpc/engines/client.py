@@ -7,6 +7,8 @@ coroutines (httpx.AsyncClient) for the proxy's event loop. Both share the reques
 Invariants
 - Only refused or dropped *connections* are retried (httpx transport retries, ``connect_retries`` times): a call
   the engine answered is never repeated, so a ``/generate`` is never run twice by the client.
+- Every request carries ``Authorization: Bearer <token>``: ``token``, else the job secret ``$GYRE_JOB_SECRET``
+  (``gyre_hpc.auth``); the engines and the proxy refuse requests without it (401).
 - Every failure is an ``EngineError`` with ``status`` (None when no answer came) and ``endpoint``; the message
   carries the engine's own error text. A 2xx answer of the wrong shape is an ``EngineError`` too.
 """
@@ -17,6 +19,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import httpx
 
+from gyre_hpc import auth
 from gyre_hpc.config import EngineConfig
 from gyre_hpc.engines.protocol import GenerateResult
 from gyre_hpc.errors import EngineError
@@ -164,10 +167,12 @@ KEEPALIVE = _LIMITS  # for other clients of gyre's uvicorn services (the harness
 class EngineClient:
     """Synchronous client of one engine URL (``http://host:port``)."""
 
-    def __init__(self, url: str, timeout: float = 600.0, connect_retries: int = 3, connect_timeout: float = 5.0):
+    def __init__(self, url: str, timeout: float = 600.0, connect_retries: int = 3, connect_timeout: float = 5.0,
+                 token: str | None = None):
         self.url = url.rstrip("/")
         self._http = httpx.Client(base_url=self.url, timeout=_timeout(timeout, connect_timeout),
-                                  transport=httpx.HTTPTransport(retries=connect_retries, limits=_LIMITS))
+                                  transport=httpx.HTTPTransport(retries=connect_retries, limits=_LIMITS),
+                                  headers=auth.bearer(token or auth.job_secret()))
 
     @classmethod
     def from_config(cls, url: str, cfg: EngineConfig) -> "EngineClient":
@@ -257,11 +262,13 @@ class EngineClient:
 class AsyncEngineClient:
     """``EngineClient``'s methods as coroutines (for an asyncio proxy)."""
 
-    def __init__(self, url: str, timeout: float = 600.0, connect_retries: int = 3, connect_timeout: float = 5.0):
+    def __init__(self, url: str, timeout: float = 600.0, connect_retries: int = 3, connect_timeout: float = 5.0,
+                 token: str | None = None):
         self.url = url.rstrip("/")
         self._http = httpx.AsyncClient(base_url=self.url, timeout=_timeout(timeout, connect_timeout),
                                        transport=httpx.AsyncHTTPTransport(retries=connect_retries,
-                                                                          limits=_LIMITS))
+                                                                          limits=_LIMITS),
+                                       headers=auth.bearer(token or auth.job_secret()))
 
     @classmethod
     def from_config(cls, url: str, cfg: EngineConfig) -> "AsyncEngineClient":

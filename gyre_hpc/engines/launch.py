@@ -7,7 +7,10 @@ the engine reads (``engine``, ``model``, ``run.seed``); ``start_engine`` picks t
 Invariants
 - ``start_*`` returns only a ready engine: it waits on ``/health`` up to ``engine.startup_timeout_s``; when the
   process exits or the time runs out it stops the process and raises ``EngineError`` with the log's tail.
-- ``EngineHandle.stop()`` ends exactly the process it started, by PID: SIGTERM, then SIGKILL after a grace period.
+- ``EngineHandle.stop()`` ends exactly the process group it started (``children.stop``): SIGTERM, then SIGKILL
+  after a grace period. A started engine dies with the process that started it (``children.spawn``).
+- The job secret reaches the engine through its environment only; SGLang gets it as ``api-key`` in a 0600
+  config file (``--config``), never on its command line.
 - An engine never inherits the caller's torch.distributed rendezvous variables (``DIST_ENV``): started from a
   trainer process it still forms its own one-process world.
 - ``start_engine_on_free_port`` retries on another free port only when the engine could not bind its port
@@ -17,7 +20,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -28,7 +30,10 @@ from pathlib import Path
 
 import yaml
 
+from gyre_hpc import auth
 from gyre_hpc.config import EngineConfig, GyreConfig, ModelConfig, RunConfig, to_dict
+from gyre_hpc.engines import children
+from gyre_hpc.engines.children import ignore_preemption_signal  # noqa: F401  (re-exported)
 from gyre_hpc.engines.client import EngineClient
 from gyre_hpc.errors import EngineError
 from gyre_hpc.io import atomic_write_text
@@ -69,15 +74,8 @@ class EngineHandle:
             return ""
 
     def stop(self, grace_s: float = 10.0) -> int:
-        """SIGTERM the engine's PID, SIGKILL it after ``grace_s``; returns its exit status."""
-        if self.alive():
-            os.kill(self.pid, signal.SIGTERM)
-            try:
-                self.process.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                os.kill(self.pid, signal.SIGKILL)
-                self.process.wait()
-        return self.process.returncode
+        """SIGTERM the engine's process group, SIGKILL it after ``grace_s``; returns the engine's exit status."""
+        return children.stop(self.process, grace_s)
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -100,13 +98,6 @@ class EngineHandle:
         self.stop()
 
 
-def ignore_preemption_signal() -> None:
-    """``preexec_fn`` of a service process: SIGUSR1 (the ranks' preemption signal, which mpirun and srun deliver to
-    every process of the job) is ignored from the child's first instruction on; an ignored signal stays ignored
-    across exec, so a service still starting up cannot be killed by it (serving.py re-asserts it)."""
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-
-
 def _spawn(cmd: list[str], url: str, log_path: Path | None, timeout_s: float) -> EngineHandle:
     if log_path is None:
         fd, name = tempfile.mkstemp(prefix="gyre-engine-", suffix=".log")
@@ -114,10 +105,9 @@ def _spawn(cmd: list[str], url: str, log_path: Path | None, timeout_s: float) ->
         log_path = Path(name)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     # the engine is a world of its own: it must not join (or collide with) the caller's torch.distributed world
-    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
+    env = children.child_env(drop=DIST_ENV)
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                preexec_fn=ignore_preemption_signal)
+        proc = children.spawn(cmd, log, env)
     handle = EngineHandle(url, proc, Path(log_path))
     handle.wait_ready(timeout_s)
     return handle
@@ -138,11 +128,24 @@ def start_local_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: i
     return _spawn(cmd, url, Path(log_path) if log_path else None, engine_cfg.startup_timeout_s)
 
 
-def sglang_command(engine_cfg: EngineConfig, port: int) -> list[str]:
-    """``sglang.launch_server`` for ``engine.model_path`` (an HF-format model directory), token ids in/out."""
+def sglang_secret_config(directory: str | Path, port: int) -> Path:
+    """A 0600 YAML file ``{api-key: <job secret>}`` for SGLang's ``--config`` (it then requires the key as a
+    Bearer token on every route, as the local engine does), so the secret stays off the command line."""
+    path = Path(directory) / f"sglang-{port}.yaml"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, 0o600)
+        yaml.safe_dump({"api-key": auth.ensure_secret()}, f)
+    return path
+
+
+def sglang_command(engine_cfg: EngineConfig, port: int, config_path: str | Path | None = None) -> list[str]:
+    """``sglang.launch_server`` for ``engine.model_path`` (an HF-format model directory), token ids in/out;
+    ``config_path`` (``sglang_secret_config``) carries the API key."""
     if engine_cfg.model_path is None:
         raise EngineError("engine.kind=sglang needs engine.model_path (an HF-format model directory)")
-    return [sys.executable, "-m", "sglang.launch_server", "--model-path", engine_cfg.model_path,
+    secret = ["--config", str(config_path)] if config_path is not None else []
+    return [sys.executable, "-m", "sglang.launch_server", *secret, "--model-path", engine_cfg.model_path,
             "--host", engine_cfg.host, "--port", str(port), "--skip-tokenizer-init",
             "--max-running-requests", str(engine_cfg.max_running_requests),
             "--context-length", str(engine_cfg.context_len),
@@ -175,5 +178,6 @@ def start_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0
                           "(see shared notes on running SGLang on a CPU-only machine)")
     port = port if port is not None else engine_cfg.port_base + index
     url = f"http://{engine_cfg.host}:{port}"
-    return _spawn(sglang_command(engine_cfg, port), url, Path(log_path) if log_path else None,
+    secret_config = sglang_secret_config(tempfile.mkdtemp(prefix="gyre-sglang-"), port)
+    return _spawn(sglang_command(engine_cfg, port, secret_config), url, Path(log_path) if log_path else None,
                   engine_cfg.startup_timeout_s)

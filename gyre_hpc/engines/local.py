@@ -41,7 +41,7 @@ from gyre_hpc.engines import protocol as P
 from gyre_hpc.engines.scheduler import Scheduler
 from gyre_hpc.engines.weights import load_weights_dir
 from gyre_hpc.errors import ConfigError, EngineError, GyreError
-from gyre_hpc.serving import answer_unless_hung_up, read_json, serve_announced
+from gyre_hpc.serving import answer_unless_hung_up, make_server, read_json, serve_announced
 
 ENGINE_VERSION = "gyre-local-1"
 HEALTH_TIMEOUT_S = 20.0
@@ -271,8 +271,7 @@ async def serve(engine: LocalEngine, host: str, port: int) -> None:
             loop.call_soon_threadsafe(engine.s.abort, None, True, "engine shutting down")
             super().handle_exit(sig, frame)
 
-    server = Server(uvicorn.Config(engine.app, host=host, port=port, log_level="warning", access_log=False,
-                                   timeout_graceful_shutdown=5))
+    server = make_server(engine.app, host, port, engine.cfg.http, server_class=Server)
 
     await serve_announced(server, f"gyre-engine ready url=http://{host}:{port} pid={os.getpid()} "
                                   f"weight_version={engine.s.version}")
@@ -290,7 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     except GyreError as exc:
         print(f"gyre-engine: error: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(serve(engine, args.host or engine.cfg.host, args.port or engine.cfg.port_base))
+    try:
+        asyncio.run(serve(engine, args.host or engine.cfg.host, args.port or engine.cfg.port_base))
+    except GyreError as exc:
+        print(f"gyre-engine: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -12,14 +12,17 @@ from typing import Any, Sequence
 
 import httpx
 
+from gyre_hpc import auth
 from gyre_hpc.engines.protocol import GenerateResult
 from gyre_hpc.proxy.routing import ProxyError
 
 
 class ProxyClient:
-    def __init__(self, url: str, timeout: float = 600.0):
+    def __init__(self, url: str, timeout: float = 600.0, token: str | None = None):
+        """``token``: the job secret (default ``$GYRE_JOB_SECRET``) or a run key, sent as a Bearer token."""
         self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+        self._http = httpx.Client(base_url=self.url, timeout=timeout,
+                                  headers=auth.bearer(token or auth.job_secret()))
 
     def _call(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
         try:
@@ -76,11 +79,12 @@ class ProxyClient:
     def events(self, since: int = 0) -> list[dict]:
         return self._call("GET", "/admin/events", since=since)["events"]
 
-    def flush_tito(self, path: str, run_ids: Sequence[str] | None = None,
+    def flush_tito(self, name: str, run_ids: Sequence[str] | None = None,
                    outcomes: Sequence[dict] | None = None) -> dict:
-        """Append the runs' records to ``path``; ``outcomes`` (outcome records of exactly those runs) are
-        written unless the proxy holds them already (docs/proxy.md)."""
-        body = {"path": str(path), "run_ids": None if run_ids is None else list(run_ids)}
+        """Flush the runs' records into the file ``name`` of the proxy's TITO directory (``proxy.tito_dir``);
+        ``outcomes`` (outcome records of exactly those runs) are written unless the proxy holds them already
+        (docs/proxy.md)."""
+        body = {"name": name, "run_ids": None if run_ids is None else list(run_ids)}
         if outcomes is not None:
             body["outcomes"] = [{k: v for k, v in o.items() if k != "type"} for o in outcomes]
         return self._call("POST", "/admin/flush_tito", body)

@@ -1,11 +1,11 @@
 """Start the proxy as its own process and wait until it answers ``/health`` (as ``engines.launch`` does for engines).
 
-Invariant: the proxy process is stopped by its PID only (SIGTERM, SIGKILL after a grace period).
+Invariant: the proxy process is stopped by its process group only (SIGTERM, SIGKILL after a grace period), and
+dies with the process that started it (``engines.children``: parent-death signal, its own watchdog).
 """
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -15,7 +15,7 @@ import yaml
 
 from gyre_hpc.config import GyreConfig, ProxyConfig, to_dict
 from gyre_hpc.engines.launch import EngineHandle as ProcessHandle
-from gyre_hpc.engines.launch import ignore_preemption_signal
+from gyre_hpc.engines import children
 from gyre_hpc.io import atomic_write_text
 
 __all__ = ["ProcessHandle", "start_proxy"]
@@ -37,8 +37,7 @@ def start_proxy(cfg: ProxyConfig, engines: Sequence[tuple[int, str]] = (), port:
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=ignore_preemption_signal)
+        proc = children.spawn(cmd, log, children.child_env())
     handle = ProcessHandle(f"http://{cfg.host}:{port}", proc, log_path)
     handle.wait_ready(cfg.startup_timeout_s)
     return handle

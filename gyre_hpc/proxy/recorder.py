@@ -20,16 +20,41 @@ Invariants (tests/unit/test_proxy_recording.py)
   the given one, and none was closed before (else 409, nothing written).
 - ``served`` counts, per run not yet closed, the calls recorded and their output tokens since the start
   (whichever file they went to): what the proxy served, for the reader's integrity check.
+- A flush writes only to ``<tito_dir>/<name>``: ``name`` is a plain file name (``FILE_NAME``, no directory part)
+  and neither the file nor its directory may be a symbolic link; the request never gives a path.
 """
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Iterable
 
 from gyre_hpc.io import atomic_write_text
 from gyre_hpc.proxy.routing import ProxyError
 from gyre_hpc.trajectory.records import Call, Outcome, RunStatus, call_record, outcome_record
+
+
+#: what ``/admin/flush_tito`` accepts as a file name inside the run's TITO directory
+FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\.jsonl")
+
+
+def group_file(gid: int) -> str:
+    """The TITO file name of group ``gid`` (``q00007.jsonl``)."""
+    return f"q{gid:05d}.jsonl"
+
+
+def tito_file(tito_dir: str | Path | None, name: object) -> Path:
+    """``tito_dir / name`` once ``name`` is a plain file name there (a ``ProxyError`` otherwise)."""
+    if tito_dir is None:
+        raise ProxyError("name: this proxy has no TITO directory (proxy.tito_dir); it flushes nowhere", 409)
+    if not isinstance(name, str) or not FILE_NAME.fullmatch(name):
+        raise ProxyError(f"name: expected a file name like q00001.jsonl (letters, digits, _ and -), got {name!r}")
+    folder = Path(tito_dir)
+    path = folder / name
+    if folder.is_symlink() or path.is_symlink():
+        raise ProxyError(f"name: {path} is a symbolic link; the proxy writes only plain files in {folder}", 409)
+    return path
 
 
 class TitoRecorder:

@@ -10,7 +10,8 @@ Harness side (SGLang shapes): ``POST /generate`` (``rid = "<run_id>/<call_id>"``
 ``query_id``), ``POST /abort_request {rid} | {abort_all: true}``, ``GET /health``, ``GET /v1/loads``.
 Runtime side: ``GET|POST /admin/engines`` (list / add ``{url, cell, name?}``), ``POST /admin/drain``,
 ``POST /admin/dead``, ``POST /admin/remove`` (each ``{engine: name} | {cell: index}``), ``GET /admin/stats``,
-``GET /admin/events``, ``POST /admin/flush_tito {path, run_ids?, outcomes?}``, ``POST /tito/outcome``. docs/proxy.md has
+``GET /admin/events``, ``POST /admin/flush_tito {name, run_ids?, outcomes?}`` (a file name in ``proxy.tito_dir``,
+never a path), ``POST /tito/outcome``. docs/proxy.md has
 the bodies and answers.
 
 Invariants
@@ -18,6 +19,8 @@ Invariants
   message names the offending key.
 - A harness that hangs up has its call cancelled within ``DISCONNECT_POLL_S``: the engine request is dropped
   (the engine aborts it) and nothing is recorded.
+- Served by ``serving.make_server``: every route needs the job secret; an agent's run key reaches only
+  ``/generate``, ``/abort_request`` and ``/tito/outcome`` for its own run (another run, or ``abort_all``: 403).
 """
 from __future__ import annotations
 
@@ -35,9 +38,10 @@ from fastapi.responses import JSONResponse
 
 from gyre_hpc.config import ProxyConfig, load_config
 from gyre_hpc.errors import GyreError
+from gyre_hpc.proxy.calls import split_rid
 from gyre_hpc.proxy.routing import ProxyError
 from gyre_hpc.proxy.service import ProxyService
-from gyre_hpc.serving import answer_unless_hung_up, read_json, serve_announced
+from gyre_hpc.serving import answer_unless_hung_up, make_server, read_json, require_run, serve_announced
 from gyre_hpc.trajectory.records import Outcome, RunStatus
 
 PROXY_VERSION = "gyre-proxy-1"
@@ -57,6 +61,17 @@ def _fields(body: Any, required: Sequence[str], optional: Sequence[str] = ()) ->
     if missing:
         raise ProxyError(f"{missing[0]}: missing")
     return dict(body)
+
+
+def _own_run(request: Request, body: Any, key: str) -> None:
+    """With a run key, the request's ``key`` (a rid or a run id) must name the key's own run (else 403)."""
+    grant = request.scope.get("gyre.grant")
+    if grant is None or grant.job:
+        return
+    value = body.get(key) if isinstance(body, Mapping) else None
+    if key == "abort_all" or not isinstance(value, str):
+        raise ProxyError(f"{key}: a run key may act only on its own run ({grant.run_id!r})", 403)
+    require_run(request, split_rid(value)[0] if key == "rid" else value, lambda m: ProxyError(f"{key}: {m}", 403))
 
 
 def _target(body: Any, *extra: str) -> dict:
@@ -120,7 +135,9 @@ class ProxyServer:
         return JSONResponse({"error": {"message": str(exc)}}, status_code=getattr(exc, "status", None) or 400)
 
     async def generate(self, request: Request):
-        task = asyncio.ensure_future(self.service.generate(await _json(request)))
+        body = await _json(request)
+        _own_run(request, body, "rid")
+        task = asyncio.ensure_future(self.service.generate(body))
 
         async def cancel() -> None:
             task.cancel()
@@ -131,6 +148,9 @@ class ProxyServer:
 
     async def abort_request(self, request: Request):
         body = _fields(await _json(request), (), ("rid", "abort_all"))
+        if body.get("abort_all"):
+            _own_run(request, {}, "abort_all")
+        _own_run(request, body, "rid")
         return {"aborted": await self.service.abort(body.get("rid"), bool(body.get("abort_all", False)))}
 
     async def health(self):
@@ -179,18 +199,20 @@ class ProxyServer:
         return {"events": list(self.service.events.events)[since:]}
 
     async def flush_tito(self, request: Request):
-        body = _fields(await _json(request), ("path",), ("run_ids", "outcomes"))
+        body = _fields(await _json(request), ("name",), ("run_ids", "outcomes"))
         run_ids = body.get("run_ids")
         if run_ids is not None and (not isinstance(run_ids, list) or not all(isinstance(r, str) for r in run_ids)):
             raise ProxyError(f"run_ids: expected a list of run ids or null, got {run_ids!r}")
         outcomes = body.get("outcomes")
         if outcomes is not None and not isinstance(outcomes, list):
             raise ProxyError(f"outcomes: expected a list of outcome objects or null, got {outcomes!r:.80}")
-        return self.service.flush_tito(str(body["path"]), run_ids,
+        return self.service.flush_tito(body["name"], run_ids,
                                        None if outcomes is None else [_outcome(o) for o in outcomes])
 
     async def outcome(self, request: Request):
-        outcome = _outcome(await _json(request))
+        body = await _json(request)
+        _own_run(request, body, "run_id")
+        outcome = _outcome(body)
         self.service.record_outcome(outcome)
         return {"run_id": outcome.run_id, "status": outcome.status.value}
 
@@ -204,14 +226,11 @@ def _engine_arg(text: str) -> tuple[int, str]:
 
 async def serve(cfg: ProxyConfig, engines: Sequence[tuple[int, str]] = (), host: str | None = None,
                 port: int | None = None) -> None:
-    import uvicorn
-
     host, port = host or cfg.host, port or cfg.port
     service = ProxyService(cfg)
     for cell, url in engines:
         service.add_engine(url, cell)
-    server = uvicorn.Server(uvicorn.Config(ProxyServer(service).app, host=host, port=port, log_level="warning",
-                                           access_log=False, timeout_graceful_shutdown=5))
+    server = make_server(ProxyServer(service).app, host, port, cfg.http, run_keys=True)
 
     await serve_announced(server, f"gyre-proxy ready url=http://{host}:{port} pid={os.getpid()}")
 
@@ -230,7 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     except GyreError as exc:
         print(f"gyre-proxy: error: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(serve(cfg, args.engines, args.host, args.port))
+    try:
+        asyncio.run(serve(cfg, args.engines, args.host, args.port))
+    except GyreError as exc:
+        print(f"gyre-proxy: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

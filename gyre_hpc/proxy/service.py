@@ -44,7 +44,7 @@ from gyre_hpc.proxy.admin import EngineAdmin, Request
 from gyre_hpc.proxy.calls import CallRequest, Segment, answer, continuation, parse_call, produced, tito_call
 from gyre_hpc.proxy.events import EventLog
 from gyre_hpc.proxy.movers import MovePlan, Mover, make_mover
-from gyre_hpc.proxy.recorder import TitoRecorder
+from gyre_hpc.proxy.recorder import TitoRecorder, tito_file
 from gyre_hpc.proxy.routing import Engine, EngineState, NoEngineError, ProxyError, Router
 from gyre_hpc.trajectory.records import Outcome
 
@@ -253,8 +253,12 @@ class ProxyService(EngineAdmin):
         self.recorder.add_outcome(outcome)
         self.router.release(outcome.run_id)
 
-    def flush_tito(self, path: str, run_ids: Iterable[str] | None = None,
+    def flush_tito(self, name: str, run_ids: Iterable[str] | None = None,
                    outcomes: Iterable[Outcome] | None = None) -> dict:
+        """Flush into ``<proxy.tito_dir>/<name>`` (``recorder.tito_file``), never anywhere else; ``outcomes`` are
+        written for runs whose outcome never came by ``POST /tito/outcome``."""
+        path = tito_file(self.cfg.tito_dir, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
         done = self.recorder.flush(path, run_ids, outcomes)
         for run_id in done["recovered"]:  # its outcome never came by POST /tito/outcome (or not yet)
             self.counts["outcomes_recovered"] += 1

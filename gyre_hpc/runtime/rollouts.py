@@ -144,7 +144,9 @@ class Rollouts:
         self.pending_reissue = list(gids)
 
     def tito_path(self, gid: int) -> Path:
-        return self.run_dir / "tito" / f"q{gid:05d}.jsonl"
+        from gyre_hpc.proxy.recorder import group_file
+
+        return self.run_dir / "tito" / group_file(gid)
 
     def rebuild(self, saved: dict) -> dp.Group:
         """A buffered group of a resume state, rebuilt from its TITO file; its trained tokens must match."""
@@ -174,7 +176,7 @@ class Rollouts:
 
         path = self.tito_path(gid)
         with ProxyClient(self.proxy_url, timeout=60.0) as proxy:
-            done = proxy.flush_tito(str(path), [r.run_id for r in results],
+            done = proxy.flush_tito(path.name, [r.run_id for r in results],  # into proxy.tito_dir = RUN_DIR/tito
                                     [outcome_record(r.outcome) for r in results])
         log = read_tito(path, self.cfg.model.vocab_size)
         served = {r: Served(int(n["calls"]), int(n["output_tokens"])) for r, n in done["served"].items()}

@@ -100,7 +100,8 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
     t0 = time.perf_counter()
     preemption = preemption or preempt.Preemption()
     saved = _load_resume(cfg, run_dir)
-    pcfg = dataclasses.replace(cfg.proxy, event_log=str(run_dir / "proxy-events.jsonl"))
+    pcfg = dataclasses.replace(cfg.proxy, event_log=str(run_dir / "proxy-events.jsonl"),
+                               tito_dir=str(run_dir / "tito"))
     steps: list[dict] = []
     end: dict = {}
     reissue = cfg.allocator.preempt_inflight == "reissue"

@@ -52,6 +52,11 @@ SCRIPTS = {
 LOCAL_EXPORTS = ("OMPI_MCA_btl=self,tcp", "OMPI_MCA_btl_tcp_if_include=lo", "OMPI_MCA_oob_tcp_if_include=lo",
                  "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
 
+#: ``gyre train`` on one machine (mpirun, no emulated nodes): Open MPI over shared memory, so that no rank opens a
+#: TCP listener (the TCP BTL of Open MPI 4.1 listens on 0.0.0.0 and :: whatever btl_tcp_if_include says; measured
+#: in docs/reliability.md); no single-copy (CMA needs ptrace rights that containers often lack).
+SINGLE_HOST_EXPORTS = ("OMPI_MCA_btl=self,vader", "OMPI_MCA_btl_vader_single_copy_mechanism=none")
+
 
 def node_count(cfg) -> int:
     """Nodes the job asks for: every cell's nodes; the allocator shares the first node."""

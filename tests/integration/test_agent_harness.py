@@ -150,12 +150,13 @@ def test_behind_the_proxy_the_proxy_records_the_calls_and_gets_every_outcome(eng
     from gyre_hpc.proxy.client import ProxyClient
     from gyre_hpc.proxy.launch import start_proxy
 
-    proxy = start_proxy(ProxyConfig(request_timeout_s=120.0), [(0, engine.url)], port=free_port(),
+    proxy = start_proxy(ProxyConfig(request_timeout_s=120.0, tito_dir=str(tmp_path)), [(0, engine.url)],
+                        port=free_port(),
                         log_path=tmp_path / "proxy.log", config_dir=tmp_path)
     try:
         results = harness(proxy.url, tmp_path, proxy=True).run([40, 41])
         with ProxyClient(proxy.url, timeout=60.0) as admin:
-            admin.flush_tito(str(tmp_path / "proxy.jsonl"))
+            admin.flush_tito("proxy.jsonl")
     finally:
         proxy.stop()
     assert all(r.post_error is None for r in results)

@@ -11,11 +11,17 @@ import httpx
 import pytest
 import torch
 
+from gyre_hpc import auth
 from gyre_hpc.config import EngineConfig, ModelConfig, TrainConfig
 from gyre_hpc.engines.client import AsyncEngineClient, EngineClient
 from gyre_hpc.engines.launch import free_port, start_local_engine
 from gyre_hpc.engines.weights import save_weights, weights_checksum
 from gyre_hpc.errors import EngineError
+
+
+def _auth() -> dict:
+    """The job secret the engines of this module were started with (``children.child_env``)."""
+    return auth.bearer(auth.job_secret())
 
 pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 
@@ -141,7 +147,8 @@ def test_unknown_sampling_key_is_400_naming_the_key(client, engine):
     with pytest.raises(EngineError) as err:
         client.generate(PROMPT, {"max_new_tokens": 4, "temprature": 0.5})
     assert err.value.status == 400 and "sampling_params.temprature" in str(err.value)
-    raw = httpx.post(engine.url + "/generate", json={"input_ids": PROMPT, "sampling_params": {"bogus": 1}})
+    raw = httpx.post(engine.url + "/generate", json={"input_ids": PROMPT, "sampling_params": {"bogus": 1}},
+                     headers=_auth())
     assert raw.status_code == 400 and "bogus" in raw.json()["error"]["message"]
 
 
@@ -214,7 +221,8 @@ def test_a_caller_that_hangs_up_frees_its_request(client, engine):
     client.pause("in_place")
     try:
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(engine.url + "/generate", json={"input_ids": PROMPT, "rid": "gone"}, timeout=0.5)
+            httpx.post(engine.url + "/generate", json={"input_ids": PROMPT, "rid": "gone"}, timeout=0.5,
+                       headers=_auth())
         _wait(lambda: client.loads().waiting == 0, timeout=5.0)
     finally:
         client.resume()
@@ -307,7 +315,8 @@ def test_update_weight_version_relabels_and_tensor_updates_need_begin_end(client
     client.update_weight_version("relabelled")
     assert client.weight_version() == "relabelled"
     client.update_weight_version(current)
-    r = httpx.post(engine.url + "/update_weights_from_tensor", json={"serialized_named_tensors": []})
+    r = httpx.post(engine.url + "/update_weights_from_tensor", json={"serialized_named_tensors": []},
+                   headers=_auth())
     assert r.status_code == 400 and "begin_weight_update" in r.json()["message"]
     client.begin_weight_update()
     with pytest.raises(EngineError):
@@ -321,7 +330,7 @@ def test_update_weight_version_relabels_and_tensor_updates_need_begin_end(client
 # -------------------------------------------------------------------------------------------- status / launch
 def test_health_endpoints_and_loads(client, engine):
     assert client.health()
-    assert httpx.get(engine.url + "/health_generate", timeout=30).status_code == 200
+    assert httpx.get(engine.url + "/health_generate", timeout=30, headers=_auth()).status_code == 200
     load = client.loads()
     assert (load.running, load.waiting) == (0, 0)
 

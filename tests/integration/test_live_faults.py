@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gyre_hpc import auth
 from gyre_hpc.allocator.eventlog import read_events
 from live_run import run_live
 from slurm_cluster import mpirun  # noqa: F401  (fixture)
@@ -42,7 +43,8 @@ class EngineKiller(threading.Thread):
     def run(self) -> None:
         try:
             proxy = self._wait(self._proxy_url)
-            with httpx.Client(base_url=proxy, timeout=5.0) as http:
+            secret = next(self.out.glob(f"*/{auth.SECRET_FILE}")).read_text()  # the run's job secret
+            with httpx.Client(base_url=proxy, timeout=5.0, headers=auth.bearer(secret)) as http:
                 victim = self._wait(lambda: self._victim(self._engines(http)), 0.01)
                 pid = self._pid(victim)
                 os.kill(pid, signal.SIGKILL)

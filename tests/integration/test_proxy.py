@@ -39,7 +39,8 @@ def cluster(tmp_path_factory):
                                log_path=tmp / f"engine{i}.log") for i in range(2)]
         engines = {f"e{i}": f.result() for i, f in enumerate(futures)}
     events = tmp / "events.jsonl"
-    cfg = ProxyConfig(event_log=str(events), no_engine_wait_s=3.0, request_timeout_s=120.0, health_timeout_s=1.0)
+    cfg = ProxyConfig(event_log=str(events), no_engine_wait_s=3.0, request_timeout_s=120.0, health_timeout_s=1.0,
+                      tito_dir=str(tmp / "tito"))
     proxy = start_proxy(cfg, port=free_port(), log_path=tmp / "proxy.log")
     try:
         with ProxyClient(proxy.url, timeout=120.0) as admin:
@@ -91,9 +92,9 @@ def _flush(proxy: ProxyClient, tmp_path, runs) -> "TitoLog":
     """Post an outcome for each run, flush exactly those runs, and read the file back (validated)."""
     for run in runs:
         proxy.outcome(run, "scored", 1.0)
-    path = tmp_path / "tito.jsonl"
-    assert proxy.flush_tito(str(path), runs)["runs"] == sorted(runs)
-    return read_tito(path, vocab_size=MODEL.vocab_size)
+    flushed = proxy.flush_tito(f"{tmp_path.name}-tito.jsonl", runs)
+    assert flushed["runs"] == sorted(runs)
+    return read_tito(flushed["path"], vocab_size=MODEL.vocab_size)
 
 
 def _new_events(cluster, since: int) -> list[dict]:

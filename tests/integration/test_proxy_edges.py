@@ -89,7 +89,8 @@ def proxy_app(tmp_path):
     clients = []
 
     def make(**cfg):
-        service = ProxyService(ProxyConfig(**{"no_engine_wait_s": 0.5, "abort_retry_s": 0.01, **cfg}),
+        service = ProxyService(ProxyConfig(**{"no_engine_wait_s": 0.5, "abort_retry_s": 0.01,
+                                              "tito_dir": str(tmp_path / "tito"), **cfg}),
                                events=EventLog(tmp_path / "events.jsonl"))
         client = TestClient(ProxyServer(service).app)
         client.__enter__()
@@ -203,7 +204,10 @@ def test_no_engine_at_all_is_a_503_after_the_wait(proxy_app):
     ("/admin/remove", {"engine": "e", "force": True}, 400, "force: unknown key"),
     ("/admin/engines", {"url": "http://127.0.0.1:1"}, 400, "cell: missing"),
     ("/admin/engines", {"url": "", "cell": 0}, 400, "url: expected a non-empty string"),
-    ("/admin/flush_tito", {"path": "x", "run_ids": "q0-r0"}, 400, "run_ids: expected a list"),
+    ("/admin/flush_tito", {"name": "x.jsonl", "run_ids": "q0-r0"}, 400, "run_ids: expected a list"),
+    ("/admin/flush_tito", {"path": "/etc/x"}, 400, "path: unknown key; valid keys: name, run_ids"),
+    ("/admin/flush_tito", {"name": "../../etc/cron.d/x.jsonl"}, 400, "name: expected a file name"),
+    ("/admin/flush_tito", {"name": "/etc/passwd"}, 400, "name: expected a file name"),
     ("/tito/outcome", {"run_id": "q0-r0", "status": "passed", "score": 1}, 400, "status: 'passed' is not one of"),
     ("/tito/outcome", {"run_id": "q0-r0", "status": "eval_failure", "score": 0}, 400, "score null"),
     ("/abort_request", {"rid": "x", "all": True}, 400, "all: unknown key"),
@@ -224,8 +228,8 @@ def test_outcomes_posted_to_the_proxy_are_flushed_with_the_calls(fakes, proxy_ap
     assert client.post("/tito/outcome", json={"run_id": "q0-r0", "status": "scored", "score": 0.0}).status_code == 200
     assert client.post("/tito/outcome", json={"run_id": "q0-r1", "status": "eval_failure", "score": None,
                                               "detail": "grader crashed"}).status_code == 200
-    path = tmp_path / "step-0.jsonl"
-    flushed = client.post("/admin/flush_tito", json={"path": str(path)}).json()
+    path = tmp_path / "tito" / "step-0.jsonl"
+    flushed = client.post("/admin/flush_tito", json={"name": path.name}).json()
     assert (flushed["calls"], flushed["outcomes"], flushed["runs"]) == (2, 2, ["q0-r0", "q0-r1"])
     log = read_tito(path)
     assert [c.output_ids.tolist() for c in log.calls] == [[1, 2, 3, 4]] * 2
