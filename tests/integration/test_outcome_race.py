@@ -114,7 +114,8 @@ def group_run(tmp_path):
 
     def run(drop):
         cfg = load_config("configs/local.yaml", [f"agent.runs_per_group={RUNS}", "agent.tool_time_median_s=0.001",
-                                                 f"run.out_dir={tmp_path}"])
+                                                 f"run.out_dir={tmp_path}",
+                                                 f"proxy.tito_dir={tmp_path / 'tito'}"])
         engine = EngineDouble()
         made.append(engine.stop)
         proxy = start_proxy(cfg.proxy, [(0, engine.url)], port=free_port(), log_path=tmp_path / "proxy.log",

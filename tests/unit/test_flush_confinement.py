@@ -46,5 +46,6 @@ def test_a_symbolic_link_is_never_written_through(tmp_path):
 
 def test_an_empty_flush_into_the_tito_dir_creates_only_that_file(tmp_path):
     out = TitoRecorder().flush(tito_file(tmp_path, "q00000.jsonl"))
-    assert out == {"path": str(tmp_path / "q00000.jsonl"), "calls": 0, "outcomes": 0, "runs": []}
+    assert out == {"path": str(tmp_path / "q00000.jsonl"), "calls": 0, "outcomes": 0, "runs": [],
+                   "served": {}, "recovered": []}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q00000.jsonl"]
