@@ -1,7 +1,8 @@
 """gyre_hpc: install with `pip install -e ".[dev]"` (torch is pinned to the CPU wheel 2.13.0)."""
 from setuptools import find_packages, setup
 
-TRAIN = ["torch==2.13.0", "megatron-core==0.16.1", "psutil"]
+HF = ["transformers==5.19.0", "tokenizers==0.23.2", "safetensors"]  # the versions SGLang 0.5.23 pins
+TRAIN = ["torch==2.13.0", "megatron-core==0.16.1", "psutil"] + HF
 TRANSFER = ["mooncake-transfer-engine-non-cuda==0.3.13.post1", "psutil"]  # needs Debian libibverbs1, even for TCP
 ENGINE = ["fastapi>=0.110", "uvicorn>=0.29", "httpx>=0.27"]
 MPI = ["mpi4py>=4.1"]

@@ -21,6 +21,7 @@ COMMANDS = {
     "trajectory": "jobs.trajectory",
     "config": "jobs.config",
     "tasks": "jobs.tasks",
+    "model": "jobs.model",
 }
 
 _HELP = {
@@ -31,6 +32,7 @@ _HELP = {
     "trajectory": "inspect, synthesize and pack TITO logs (stats, pack, synth)",
     "config": "explain every config key, or print a resolved config",
     "tasks": "verify repository-repair tasks: unmodified scores 0.0, the reference patch 1.0",
+    "model": "Hugging Face model directories: init a tiny one, export trained weights, check the bridge",
 }
 
 

@@ -110,7 +110,18 @@ class ClusterConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The policy model: a megatron-core ``GPTModel`` (local layer spec), sized for the CPU by default."""
+    """The policy model: a megatron-core ``GPTModel`` (local layer spec), sized for the CPU by default.
+
+    With ``hf_path`` set, every architecture field is the one its config.json describes
+    (``gyre_hpc.models.hf_config``); a field given another non-default value is an error, and the weights come
+    from its safetensors."""
+
+    hf_path: str | None = param(
+        None,
+        "A Hugging Face model directory (Qwen2ForCausalLM / Qwen3ForCausalLM: config.json, *.safetensors, "
+        "tokenizer files). Its config.json sets the architecture fields below and the trainer and engines load its "
+        "weights; null = the randomly initialised model the fields below describe. `gyre model init` makes one.",
+    )
 
     vocab_size: int = param(256, "Vocabulary size (token ids must be below it).")
     hidden: int = param(64, "Hidden size of the transformer.")
@@ -133,18 +144,32 @@ class ModelConfig:
         "Core attention inside megatron's local layer spec: local = megatron's DotProductAttention (unfused); "
         "sdpa = torch scaled_dot_product_attention (fused kernel, same function, same tree masks).",
     )
+    head_dim: int | None = param(None, "Channels per attention head (megatron kv_channels); null = hidden / heads.")
+    qk_layernorm: bool = param(False, "RMSNorm over each head's queries and keys (Qwen3).")
+    qkv_bias: bool = param(False, "Biases on the query/key/value projection (Qwen2).")
+    norm_eps: float = param(1e-5, "Epsilon of every normalization layer (Qwen: 1e-6).")
+
+    def __post_init__(self) -> None:
+        if self.hf_path is not None:
+            from gyre_hpc.models.hf_config import resolve_fields
+
+            for key, value in resolve_fields(self).items():
+                object.__setattr__(self, key, value)
 
     def check(self) -> None:
         for key in ("vocab_size", "hidden", "layers", "heads", "ffn", "max_seq_len", "rotary_base"):
             require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
-        require(self.hidden % self.heads == 0, "heads", f"{self.heads} does not divide hidden={self.hidden}")
+        require(self.head_dim is not None or self.hidden % self.heads == 0, "heads",
+                f"{self.heads} does not divide hidden={self.hidden}")
+        require(self.head_dim is None or self.head_dim >= 1, "head_dim", f"must be >= 1 or null, got {self.head_dim}")
+        require(self.norm_eps > 0, "norm_eps", f"must be > 0, got {self.norm_eps}")
         kv = self.heads if self.kv_heads is None else self.kv_heads
         require(kv >= 1 and self.heads % kv == 0, "kv_heads", f"{kv} must be >= 1 and divide heads={self.heads}")
-        head_dim = self.hidden // self.heads
+        head_dim = self.head_dim or self.hidden // self.heads
         require(
             self.position_embedding != "mrope" or head_dim % 2 == 0,
             "position_embedding",
-            f"mrope needs an even head dim, got hidden/heads={head_dim}",
+            f"mrope needs an even head dim, got {head_dim}",
         )
 
 

@@ -72,3 +72,7 @@ class SlurmEnvError(GyreError):
 
 class TaskError(GyreError):
     """A repository-repair task directory is malformed (the message names the task and the file)."""
+
+
+class UnsupportedModelError(ConfigError):
+    """A model directory holds an architecture (or a variant of one) the HF bridge does not map."""

@@ -2,7 +2,8 @@
 
 Invariants
 - ``build_model(cfg, seed)`` is deterministic: the same config and seed give bit-identical parameters, for any
-  tensor-parallel size (weights are initialised on the CPU as full master tensors, then split).
+  tensor-parallel size (weights are initialised on the CPU as full master tensors, then split). With
+  ``cfg.hf_path`` the parameters are that checkpoint's (``gyre_hpc.models.weights``), whatever the seed.
 - ``forward_logits`` returns full-vocabulary logits ``[b, s, V]`` (gathered across tensor-parallel ranks) and
   honours the given ``position_ids`` for every position-embedding type offered (``mrope`` gets three identical
   rows, which equals RoPE at those positions).
@@ -64,7 +65,7 @@ def transformer_config(cfg: ModelConfig):
     from megatron.core import parallel_state as ps
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    head_dim = cfg.hidden // cfg.heads
+    head_dim = cfg.head_dim or cfg.hidden // cfg.heads
     half = head_dim // 2
     mrope_section = [half - 2 * (half // 3), half // 3, half // 3]  # any split works: the three rows are equal
     return TransformerConfig(
@@ -82,6 +83,10 @@ def transformer_config(cfg: ModelConfig):
         use_cpu_initialization=True,
         tensor_model_parallel_size=ps.get_tensor_model_parallel_world_size(),
         mrope_section=mrope_section if cfg.position_embedding == "mrope" else None,
+        kv_channels=head_dim,
+        qk_layernorm=cfg.qk_layernorm,
+        add_qkv_bias=cfg.qkv_bias,
+        layernorm_epsilon=cfg.norm_eps,
     )
 
 
@@ -105,7 +110,7 @@ def build_model(cfg: ModelConfig, seed: int = 0) -> torch.nn.Module:
         if not ps.model_parallel_is_initialized():
             init_parallel(seed=seed)
         torch.manual_seed(seed)
-        spec = get_gpt_layer_local_spec(normalization=cfg.normalization)
+        spec = get_gpt_layer_local_spec(normalization=cfg.normalization, qk_layernorm=cfg.qk_layernorm)
         if cfg.attention == "sdpa":
             from gyre_hpc.train.attention import SDPAttention
 
@@ -119,6 +124,10 @@ def build_model(cfg: ModelConfig, seed: int = 0) -> torch.nn.Module:
             rotary_base=cfg.rotary_base,
             share_embeddings_and_output_weights=cfg.tie_embeddings,
         )
+    if cfg.hf_path is not None:
+        from gyre_hpc.models.weights import load_hf_weights
+
+        load_hf_weights(model, cfg)
     if torch.cuda.is_available():
         model.cuda()
     return model
