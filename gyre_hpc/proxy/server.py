@@ -35,6 +35,7 @@ from fastapi.responses import JSONResponse
 
 from gyre_hpc.config import ProxyConfig, load_config
 from gyre_hpc.errors import GyreError
+from gyre_hpc.proxy.openai_api import OpenAIRoutes
 from gyre_hpc.proxy.routing import ProxyError
 from gyre_hpc.proxy.service import ProxyService
 from gyre_hpc.serving import answer_unless_hung_up, read_json, serve_announced
@@ -90,6 +91,7 @@ class ProxyServer:
         self.service = service
         self.app = FastAPI(lifespan=self._lifespan)
         self._routes()
+        OpenAIRoutes(service, service.cfg.openai).mount(self.app)  # /runs/{run_id}/v1/... (openai_api.py)
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: FastAPI):
