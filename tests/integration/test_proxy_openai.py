@@ -11,7 +11,8 @@ import httpx
 import openai
 import pytest
 
-from gyre_hpc.config import OpenAIConfig, ProxyConfig
+from gyre_hpc.config import EngineConfig, ModelConfig, OpenAIConfig, ProxyConfig
+from gyre_hpc.engines.launch import start_local_engine
 from gyre_hpc.models.init import init_model
 from gyre_hpc.proxy.hf_template import HFChatTemplate
 from gyre_hpc.proxy.server import ProxyServer
@@ -37,9 +38,14 @@ def reply_text(i: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def tiny(tmp_path_factory):
+    return init_model("qwen3", tmp_path_factory.mktemp("model") / "tiny", vocab=1024)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, tiny):
     tmp = tmp_path_factory.mktemp("openai")
-    model = init_model("qwen3", tmp / "tiny", vocab=1024)
+    model = tiny
     template = HFChatTemplate(model)
     end = template.stop_ids[0]
     engine = ScriptedEngineDouble(lambda i, ids: template.encode(reply_text(i)) + [end])
@@ -187,3 +193,26 @@ def test_the_run_id_can_come_in_a_header_and_models_are_listed(stack):
     text = c.completions.create(model="gyre-policy", prompt="def f():", max_tokens=5)
     assert text.usage.completion_tokens == 5 and text.choices[0].finish_reason == "length"
     assert len(flush(url, tmp / "header.jsonl", "q5-r0")) == 2
+
+
+@pytest.mark.megatron
+def test_a_local_engine_serving_the_tiny_model_gets_prompts_that_extend_its_samples(tiny, tmp_path):
+    """The real engine (megatron GPTModel from model.hf_path): random text, but every call extends the last."""
+    engine = start_local_engine(EngineConfig(max_running_requests=4, context_len=2048, request_timeout_s=300.0),
+                                ModelConfig(hf_path=str(tiny)), log_path=tmp_path / "engine.log")
+    service = ProxyService(ProxyConfig(openai=OpenAIConfig(tokenizer=str(tiny))))
+    service.add_engine(engine.url, 0)
+    proxy = ThreadServer(ProxyServer(service).app)
+    try:
+        c = client(proxy.url, "q6-r0")
+        messages = [{"role": "user", "content": "Fix the bug."}]
+        for turn in range(3):
+            kw = dict(model="gyre-policy", messages=messages, tools=TOOLS, max_tokens=12, temperature=0.0)
+            msg = streamed(c, **kw) if turn == 2 else c.chat.completions.create(**kw).choices[0].message.model_dump()
+            messages += [msg, {"role": "user", "content": f"Try again ({turn})."}]
+        calls = flush(proxy.url, tmp_path / "tito.jsonl", "q6-r0")
+    finally:
+        proxy.stop()
+        engine.stop()
+    assert len(calls) == 3 and all(len(c.output_ids) for c in calls)
+    assert_extends(calls)
