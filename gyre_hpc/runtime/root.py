@@ -92,6 +92,8 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
     preemption = preemption or preempt.Preemption()
     saved = _load_resume(cfg, run_dir)
     pcfg = dataclasses.replace(cfg.proxy, event_log=str(run_dir / "proxy-events.jsonl"))
+    if pcfg.openai.tokenizer is None and cfg.model.hf_path is not None:  # the OpenAI endpoint's chat template
+        pcfg = dataclasses.replace(pcfg, openai=dataclasses.replace(pcfg.openai, tokenizer=cfg.model.hf_path))
     proxy = start_proxy(pcfg, port=free_port(cfg.proxy.host), log_path=run_dir / "proxy.log", config_dir=run_dir)
     comm.bcast(proxy.url, root=0)
     steps: list[dict] = []

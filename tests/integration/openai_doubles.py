@@ -39,9 +39,9 @@ class ThreadServer:
 
 
 class ScriptedEngineDouble:
-    """``reply(i, input_ids) -> list[int]``: the output ids of the run's i-th request (stop token included)."""
+    """``reply(i, input_ids, run_id) -> list[int]``: the output ids of the run's i-th request (stop included)."""
 
-    def __init__(self, reply: Callable[[int, Sequence[int]], list[int]], version: str = "3"):
+    def __init__(self, reply: Callable[[int, Sequence[int], str], list[int]], version: str = "3"):
         self.reply, self.version, self.seen = reply, version, []
         app = FastAPI()
         app.add_api_route("/generate", self.generate, methods=["POST"])
@@ -55,7 +55,7 @@ class ScriptedEngineDouble:
         ids = body["input_ids"]
         run = body["rid"].rpartition("/")[0]
         i = sum(b["rid"].rpartition("/")[0] == run for b in self.seen)
-        out = list(self.reply(i, ids))[: body["sampling_params"]["max_new_tokens"]]
+        out = list(self.reply(i, ids, run))[: body["sampling_params"]["max_new_tokens"]]
         self.seen.append(body)
         stops = set(body["sampling_params"].get("stop_token_ids") or [])
         finish = {"type": "stop", "matched": out[-1]} if out and out[-1] in stops else \

@@ -48,7 +48,7 @@ def stack(tmp_path_factory, tiny):
     model = tiny
     template = HFChatTemplate(model)
     end = template.stop_ids[0]
-    engine = ScriptedEngineDouble(lambda i, ids: template.encode(reply_text(i)) + [end])
+    engine = ScriptedEngineDouble(lambda i, ids, run: template.encode(reply_text(i)) + [end])
     cfg = ProxyConfig(openai=OpenAIConfig(tokenizer=str(model), max_tool_output_chars=MAX_TOOL_CHARS))
     service = ProxyService(cfg)
     service.add_engine(engine.url, 0)
