@@ -101,3 +101,15 @@ def test_a_crashing_grader_is_an_eval_failure_and_a_hanging_agent_is_graded_part
 def test_each_run_gets_its_own_base_url_and_key():
     assert run_base_url("http://127.0.0.1:5/", "q1-r0") == "http://127.0.0.1:5/runs/q1-r0/v1"
     assert run_api_key("q1-r0") != run_api_key("q1-r1")
+
+
+def test_gyre_train_refuses_a_plugin_agent_without_a_chat_template(monkeypatch):
+    from jobs.train import _check_plugin_agent
+    from gyre_hpc.errors import ConfigError
+
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "unit"))
+    cfg = load_config(None, ["agent.kind=python", "agent.entry=agent_plugins:fixing_agent", "agent.tasks_dir=tasks"])
+    with pytest.raises(ConfigError, match="model.hf_path"):
+        _check_plugin_agent(cfg)
+    _check_plugin_agent(load_config(None, ["agent.kind=python", "agent.entry=agent_plugins:fixing_agent",
+                                           "agent.tasks_dir=tasks", "proxy.openai.tokenizer=/some/model"]))
