@@ -34,6 +34,8 @@ Invariants (tests/unit/test_proxy_chat.py)
 - The shared part of a prompt ends at a message boundary whose rendering is a prefix of the new rendering, so the
   rest is exactly the template's text for the rest of the conversation.
 - Tool messages longer than ``max_tool_chars`` are cut the same way in every call (a later call still matches).
+- Memory is bounded: a run keeps its ``MAX_NODES_PER_RUN`` latest calls, the book its ``MAX_RUNS`` most recently
+  active runs; a call that extends only a forgotten call is planned from what is kept (a branch, not an error).
 """
 from __future__ import annotations
 
@@ -44,6 +46,8 @@ from typing import Any, Mapping, Protocol, Sequence
 from gyre_hpc.proxy.routing import ProxyError
 
 ROLES = ("system", "user", "assistant", "tool")
+MAX_NODES_PER_RUN = 16  # a run's most recent calls a new call may reuse (memory: prompt + output ids each)
+MAX_RUNS = 4096  # runs kept, least recently used first out (a run evicted restarts from its rendering)
 CUT_MARK = "\n[... {n} characters cut by the proxy (proxy.openai.max_tool_output_chars)]"
 
 
@@ -215,8 +219,12 @@ class ChatBook:
 
     def record(self, run_id: str, plan: Plan, reply_key: tuple, output_ids: Sequence[int]) -> None:
         seq = (*plan.prompt_ids, *output_ids)
-        self.runs.setdefault(run_id, []).append(
-            Node((*plan.keys, reply_key), plan.tools, seq, len(plan.prompt_ids), [*plan.ends, (len(seq), None)]))
+        nodes = self.runs.pop(run_id, [])  # re-inserted last: the dict's order is least recently used first
+        ends = [*plan.ends, (len(seq), None)]
+        nodes.append(Node((*plan.keys, reply_key), plan.tools, seq, len(plan.prompt_ids), ends))
+        self.runs[run_id] = nodes[-MAX_NODES_PER_RUN:]
+        while len(self.runs) > MAX_RUNS:
+            del self.runs[next(iter(self.runs))]
 
     def forget(self, run_id: str) -> None:
         self.runs.pop(run_id, None)

@@ -135,7 +135,8 @@ class OpenAIRoutes:
             out = answer["output_ids"]
             stop = bool(out) and out[-1] in book.template.stop_ids
             text = book.template.decode(out[:-1] if stop else out)
-            reply = parse_reply(text, f"call_{call_id}") if body.get("tool_choice") != "none" else Reply(text or None, ())
+            parse = body.get("tool_choice") != "none"
+            reply = parse_reply(text, f"call_{call_id}") if parse else Reply(text or None, ())
             book.record(run, plan, message(reply.message(), -1, self.cfg.max_tool_output_chars).key, out)
             return answer, reply
 

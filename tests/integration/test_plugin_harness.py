@@ -1,4 +1,4 @@
-"""Plugin agents in the live harness, end to end: harness → proxy (OpenAI endpoint) → grader → trajectory → trainer.
+"""Plugin agents in the live harness end to end: harness → proxy (OpenAI endpoint) → grader → trajectory → trainer.
 
 The agent is the unmodified example plugin of docs/agents.md (it speaks chat completions with a bash tool). The
 engine is ``ScriptedEngineDouble``: for run r0 it replays the task's reference solution as a Qwen tool call

@@ -138,3 +138,19 @@ def test_tool_calls_are_parsed_from_the_text_in_the_qwen_format():
     broken = parse_reply("<tool_call>\nnot json\n</tool_call>", "c")
     assert broken.tool_calls == () and broken.content == "<tool_call>\nnot json\n</tool_call>"
     assert parse_reply('<tool_call>{"name": "f"}</tool_call>', "c").content is None
+
+
+def test_memory_is_bounded_per_run_and_the_latest_call_still_extends(monkeypatch):
+    import gyre_hpc.proxy.chat as chat
+    monkeypatch.setattr(chat, "MAX_NODES_PER_RUN", 3)
+    monkeypatch.setattr(chat, "MAX_RUNS", 2)
+    book = ChatBook(T, 100)
+    msgs = [SYS, TASK]
+    for i in range(6):
+        plan, out, reply = call(book, "r", msgs, f"reply {i}")
+        assert i == 0 or plan.extends
+        msgs = msgs + [reply.message(), {"role": "user", "content": f"u{i}"}]
+    assert len(book.runs["r"]) == 3
+    call(book, "other1", [SYS, TASK], "x")
+    call(book, "other2", [SYS, TASK], "y")
+    assert list(book.runs) == ["other1", "other2"]  # "r" was the least recently used
