@@ -201,15 +201,15 @@ class OpenAIRoutes:
 
     @staticmethod
     def _tools(body: Mapping) -> list | None:
+        choice = body.get("tool_choice")
+        if choice not in (None, "auto", "none"):
+            raise bad("tool_choice", f"only 'auto' and 'none' are supported, got {choice!r}")
         tools = body.get("tools")
         if tools is None:
             return None
         if not isinstance(tools, list) or not all(isinstance(t, Mapping) and isinstance(t.get("function"), Mapping)
                                                   and isinstance(t["function"].get("name"), str) for t in tools):
             raise bad("tools", "expected a list of {type: function, function: {name, description, parameters}}")
-        choice = body.get("tool_choice")
-        if choice not in (None, "auto", "none"):
-            raise bad("tool_choice", f"only 'auto' and 'none' are supported, got {choice!r}")
         return tools
 
     async def _generate(self, run: str, query: str, call_id: str, ids: list[int], sampling: dict) -> dict:

@@ -159,7 +159,9 @@ def test_malformed_requests_get_openai_400s_naming_the_key(stack):
              (dict(messages=[]), "messages"),
              (dict(messages=[{"role": "user", "content": "hi"}], n=2), "n"),
              (dict(messages=[{"role": "user", "content": "hi"}], extra_body={"best_of": 3}), "best_of"),
-             (dict(messages=[{"role": "user", "content": "hi"}], max_tokens=0), "max_tokens")]
+             (dict(messages=[{"role": "user", "content": "hi"}], max_tokens=0), "max_tokens"),
+             (dict(messages=[{"role": "user", "content": "hi"}], tool_choice="required"), "tool_choice"),
+             (dict(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "messages[0].content[0]")]
     for kw, key in cases:
         with pytest.raises(openai.BadRequestError) as err:
             c.chat.completions.create(model="gyre-policy", **kw)
