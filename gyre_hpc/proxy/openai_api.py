@@ -92,7 +92,7 @@ class OpenAIRoutes:
         self._seq = itertools.count()
 
     def mount(self, app: FastAPI) -> None:
-        for prefix in ("/runs/{run_id}/v1", "/v1"):
+        for prefix in ("/runs/{run_id:path}/v1", "/v1"):  # a run id may hold "/" (a subagent: q0-r1/sub0)
             app.add_api_route(f"{prefix}/chat/completions", self.chat, methods=["POST"])
             app.add_api_route(f"{prefix}/completions", self.completions, methods=["POST"])
             app.add_api_route(f"{prefix}/models", self.models, methods=["GET"])

@@ -195,6 +195,9 @@ def test_the_run_id_can_come_in_a_header_and_models_are_listed(stack):
     text = c.completions.create(model="gyre-policy", prompt="def f():", max_tokens=5)
     assert text.usage.completion_tokens == 5 and text.choices[0].finish_reason == "length"
     assert len(flush(url, tmp / "header.jsonl", "q5-r0")) == 2
+    sub = client(url, "q5-r0/sub0").chat.completions.create(model="gyre-policy", messages=[{"role": "user",
+                                                                                            "content": "hi"}])
+    assert sub.gyre["run_id"] == "q5-r0/sub0"
 
 
 @pytest.mark.megatron
