@@ -162,6 +162,7 @@ class Node:
     seq: tuple[int, ...]
     prompt_len: int
     ends: list[tuple[int, str | None] | None]  # None: no cut here; closing None: a reply not yet extended
+    text: str  # the template's rendering of the prompt (its messages + the generation prompt)
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,7 @@ class Plan:
     shared_messages: int
     extends: bool  # the messages extend an earlier call's messages + reply (a continuation)
     drift: bool  # that reply's template rendering, tokenised, differs from the tokens sampled
+    text: str = ""  # the rendered prompt
 
 
 @dataclass
@@ -206,22 +208,22 @@ class ChatBook:
             offset, closing = end
             drift = False
             if closing is None:  # best's reply, extended for the first time
-                closing, drift = self._closing(best, renders[:k], tools, shared_text)
+                closing, drift = self._closing(best, shared_text)
                 if closing is None:
                     continue
                 best.ends[k - 1] = (offset, closing)
             extends = k == len(best.keys)
             ids, ends = self._pieces(renders, tools, full, k, shared_text, closing, offset)
             return self._count(Plan((*best.seq[:offset], *ids), keys, tkey, (*best.ends[:k], *ends), offset, k,
-                                    extends, drift and extends))
+                                    extends, drift and extends, full))
         ids, ends = self._pieces(renders, tools, full, 0, "", "", 0)
-        return self._count(Plan(tuple(ids), keys, tkey, tuple(ends), 0, 0, False, False))
+        return self._count(Plan(tuple(ids), keys, tkey, tuple(ends), 0, 0, False, False, full))
 
     def record(self, run_id: str, plan: Plan, reply_key: tuple, output_ids: Sequence[int]) -> None:
         seq = (*plan.prompt_ids, *output_ids)
         nodes = self.runs.pop(run_id, [])  # re-inserted last: the dict's order is least recently used first
         ends = [*plan.ends, (len(seq), None)]
-        nodes.append(Node((*plan.keys, reply_key), plan.tools, seq, len(plan.prompt_ids), ends))
+        nodes.append(Node((*plan.keys, reply_key), plan.tools, seq, len(plan.prompt_ids), ends, plan.text))
         self.runs[run_id] = nodes[-MAX_NODES_PER_RUN:]
         while len(self.runs) > MAX_RUNS:
             del self.runs[next(iter(self.runs))]
@@ -238,10 +240,13 @@ class ChatBook:
         c["reused_tokens"] += plan.reused
         return plan
 
-    def _closing(self, node: Node, renders: list, tools, shared_text: str) -> tuple[str | None, bool]:
-        """The text the template puts after the reply's last sampled token, and whether the reply drifted."""
+    def _closing(self, node: Node, shared_text: str) -> tuple[str | None, bool]:
+        """The text the template puts after the reply's last sampled token, and whether the reply drifted.
+
+        Only a node's own reply has no closing yet, so ``shared_text`` renders the node's messages + its reply and
+        ``node.text`` the prompt it was sampled from."""
         t = self.template
-        before = t.render(renders[:-1], tools, True)
+        before = node.text
         if not shared_text.startswith(before):
             return None, False  # the template does not render the reply after the prompt it was sampled from
         turn = shared_text[len(before):]
