@@ -138,6 +138,10 @@ class OpenAIRoutes:
             parse = body.get("tool_choice") != "none"
             reply = parse_reply(text, f"call_{call_id}") if parse else Reply(text or None, ())
             book.record(run, plan, message(reply.message(), -1, self.cfg.max_tool_output_chars).key, out)
+            if plan.drift or not plan.extends:  # what a TITO reader may want to know about this call
+                self.service.events.write("chat_drift" if plan.drift else "chat_branch", run_id=run, call_id=call_id,
+                                          reused_tokens=plan.reused, shared_messages=plan.shared_messages,
+                                          prompt_tokens=len(plan.prompt_ids))
             return answer, reply
 
         result = await self._unless_hung_up(request, serve())

@@ -128,6 +128,9 @@ def test_twenty_turn_tool_conversation_reuses_every_sampled_token(stack):
     assert sum(m.get("role") == "assistant" for m in messages) == 20
     stats = httpx.get(f"{url}/admin/openai").json()["chat"]
     assert stats["drift"] >= 1  # the compact tool-call spellings: still continued with the sampled tokens
+    events = [e for e in httpx.get(f"{url}/admin/events").json()["events"] if e.get("run_id") == "q1-r0"]
+    assert [e["event"] for e in events].count("chat_branch") == 1  # the first call only
+    assert {e["call_id"] for e in events if e["event"] == "chat_drift"} == {calls[i + 1].call_id for i in (4, 9, 14)}
 
 
 def test_history_edits_are_recorded_as_branches_of_their_kind(stack):
