@@ -25,6 +25,7 @@ COMMANDS = {
     "config": "jobs.config",
     "tasks": "jobs.tasks",
     "model": "jobs.model",
+    "serve": "jobs.serve",
 }
 
 _HELP = {
@@ -37,6 +38,7 @@ _HELP = {
     "config": "explain every config key, or print a resolved config",
     "tasks": "verify repository-repair tasks: unmodified scores 0.0, the reference patch 1.0",
     "model": "Hugging Face model directories: init a tiny one, export trained weights, check the bridge",
+    "serve": "serve the rollout side alone: engines + the proxy's OpenAI endpoint, TITO to a directory",
 }
 
 

@@ -332,6 +332,25 @@ class TransferConfig:
 
 
 @dataclass(frozen=True)
+class OpenAIConfig:
+    """The proxy's OpenAI-compatible endpoint (/runs/{run_id}/v1/...): chat template, tool outputs (docs/proxy.md)."""
+
+    tokenizer: str | None = param(
+        None, "Directory with the model's tokenizer files (an HF model dir, e.g. model.hf_path); its chat template "
+              "renders the messages. null = the OpenAI endpoint answers 503 (the /generate endpoint still works).")
+    model_name: str = param("gyre-policy", "The model id /v1/models lists and the answers name.")
+    max_tool_output_chars: int = param(
+        16000, "A tool message longer than this is cut to its first this-many characters plus a marker, "
+               "the same way in every call (so later calls still extend earlier ones).")
+
+    def check(self) -> None:
+        require(self.tokenizer is None or self.tokenizer.strip() != "", "tokenizer", "must be a directory or null")
+        require(self.model_name.strip() != "", "model_name", "must be a non-empty name")
+        require(self.max_tool_output_chars >= 1, "max_tool_output_chars",
+                f"must be >= 1, got {self.max_tool_output_chars}")
+
+
+@dataclass(frozen=True)
 class ProxyConfig:
     """The proxy: the one /generate endpoint agents call; routes runs to engines, moves them off leaving cells."""
 
@@ -358,6 +377,7 @@ class ProxyConfig:
     startup_timeout_s: float = param(
         120.0, "Seconds start_proxy waits for the proxy's /health (its imports are slow on a loaded machine).")
     http: HttpConfig = param(HttpConfig(), "HTTP limits of the proxy's listener.")
+    openai: OpenAIConfig = param(OpenAIConfig(), "The OpenAI-compatible chat endpoint and its chat template.")
 
     def check(self) -> None:
         require(1 <= self.port <= 65535, "port", f"must be a TCP port, got {self.port}")

@@ -49,6 +49,8 @@ PARENT_POLL_S = 0.5
 PARENT_ENV = "GYRE_PARENT_PID"
 #: the proxy routes an agent's run key may call (each checks that the run is the key's own: ``require_run``)
 RUN_ROUTES = ("/generate", "/abort_request", "/tito/outcome")
+#: The proxy's OpenAI endpoint: a run key reaches it too, and the route checks the run is its own (``require_run``).
+RUN_PREFIXES = ("/runs/", "/v1/")
 ORPHAN_EXIT = 70
 
 
@@ -168,8 +170,9 @@ class Guard:
         grant = auth.grant(headers.get(b"authorization", b"").decode("latin-1"), self.secret, self.run_keys)
         if grant is None:
             return await _refuse(send, 401, "missing or wrong credentials: send Authorization: Bearer <job secret>")
-        if not grant.job and scope["path"] not in RUN_ROUTES:
-            return await _refuse(send, 403, f"a run key may call only {', '.join(RUN_ROUTES)}")
+        if not grant.job and scope["path"] not in RUN_ROUTES and not scope["path"].startswith(RUN_PREFIXES):
+            return await _refuse(send, 403, f"a run key may call only {', '.join(RUN_ROUTES)} and its own run's "
+                                            f"OpenAI endpoint (/runs/RUN/v1/...)")
         body = await self._body(headers, receive, send)
         if body is None:
             return

@@ -39,6 +39,7 @@ from fastapi.responses import JSONResponse
 from gyre_hpc.config import ProxyConfig, load_config
 from gyre_hpc.errors import GyreError
 from gyre_hpc.proxy.calls import split_rid
+from gyre_hpc.proxy.openai_api import OpenAIRoutes
 from gyre_hpc.proxy.routing import ProxyError
 from gyre_hpc.proxy.service import ProxyService
 from gyre_hpc.serving import answer_unless_hung_up, make_server, read_json, require_run, serve_announced
@@ -105,6 +106,7 @@ class ProxyServer:
         self.service = service
         self.app = FastAPI(lifespan=self._lifespan)
         self._routes()
+        OpenAIRoutes(service, service.cfg.openai).mount(self.app)  # /runs/{run_id}/v1/... (openai_api.py)
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: FastAPI):

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Callable
 
 from gyre_hpc.agents.harness import Harness
+from gyre_hpc.agents.plugin_harness import PluginHarness
 from gyre_hpc.allocator.messages import GroupsReady, RunsChanged
 from gyre_hpc.cell import dataplane as dp
 from gyre_hpc.config import GyreConfig
@@ -64,7 +65,8 @@ class Rollouts:
         self.post: Callable = lambda msg: None
         self.harness = Harness(cfg.agent, proxy_url, self.run_dir / "tito" / "runs", vocab_size=cfg.model.vocab_size,
                                seed=cfg.run.seed, proxy=True, context_len=cfg.engine.context_len,
-                               request_timeout_s=cfg.engine.request_timeout_s)
+                               request_timeout_s=cfg.engine.request_timeout_s) if cfg.agent.kind == "synthetic" \
+            else PluginHarness(cfg.agent, cfg.grader, proxy_url, self.run_dir / "tito" / "runs")  # OpenAI endpoint
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="gyre-harness", daemon=True)
         self.thread.start()

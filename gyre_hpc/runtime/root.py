@@ -102,6 +102,8 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
     saved = _load_resume(cfg, run_dir)
     pcfg = dataclasses.replace(cfg.proxy, event_log=str(run_dir / "proxy-events.jsonl"),
                                tito_dir=str(run_dir / "tito"))
+    if pcfg.openai.tokenizer is None and cfg.model.hf_path is not None:  # the OpenAI endpoint's chat template
+        pcfg = dataclasses.replace(pcfg, openai=dataclasses.replace(pcfg.openai, tokenizer=cfg.model.hf_path))
     steps: list[dict] = []
     end: dict = {}
     reissue = cfg.allocator.preempt_inflight == "reissue"
