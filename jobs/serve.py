@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import signal
 import threading
 import time
 from pathlib import Path
 
+from gyre_hpc import auth
 from gyre_hpc.config import load_config
 from gyre_hpc.errors import ConfigError
 from jobs import add_overrides
@@ -60,8 +62,10 @@ def run(args: argparse.Namespace) -> int:
                           "(set model.hf_path or proxy.openai.tokenizer)")
     out = Path(args.tito_dir or Path(cfg.run.out_dir) / f"serve-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
-    pcfg = dataclasses.replace(cfg.proxy, event_log=str(out / "proxy-events.jsonl"),
+    pcfg = dataclasses.replace(cfg.proxy, event_log=str(out / "proxy-events.jsonl"), tito_dir=str(out),
                                openai=dataclasses.replace(cfg.proxy.openai, tokenizer=tokenizer))
+    os.environ[auth.ENV] = auth.new_secret()  # this server's own secret; agents get run keys derived from it
+    secret_file = auth.write_secret(out, os.environ[auth.ENV])
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -72,12 +76,13 @@ def run(args: argparse.Namespace) -> int:
                                                      log_path=out / f"engine{i}.log"))
         proxy = start_proxy(pcfg, [(i, e.url) for i, e in enumerate(engines)], port=args.port,
                             log_path=out / "proxy.log", config_dir=out)
-        print(f"gyre serve ready url={proxy.url} openai={proxy.url}/runs/RUN_ID/v1 tito={out}", flush=True)
+        print(f"gyre serve ready url={proxy.url} openai={proxy.url}/runs/RUN_ID/v1 tito={out} secret={secret_file} "
+              f"(a run's API key: gyre_hpc.auth.run_key(SECRET, RUN_ID))", flush=True)
         deadline = None if args.duration_s is None else time.monotonic() + args.duration_s
         with ProxyClient(proxy.url, timeout=60.0) as client:
             while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 stop.wait(args.flush_s if deadline is None else min(args.flush_s, max(deadline - time.monotonic(), 0)))
-                client.flush_tito(str(out / "tito.jsonl"))
+                client.flush_tito("tito.jsonl")  # into proxy.tito_dir = out
             stats = client.stats()
         print(json.dumps({"tito": str(out / "tito.jsonl"), "calls_done": stats.get("calls_done", 0)}), flush=True)
         return 0

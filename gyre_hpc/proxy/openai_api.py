@@ -111,6 +111,11 @@ class OpenAIRoutes:
 
     # ------------------------------------------------------------------------------------------- routes
     async def models(self, request: Request, run_id: str | None = None):
+        if run_id is not None:
+            try:
+                require_run(request, run_id, lambda m: ProxyError(f"run_id: {m}", 403))
+            except ProxyError as exc:
+                return openai_error(exc)
         return {"object": "list", "data": [{"id": self.cfg.model_name, "object": "model", "created": 0,
                                             "owned_by": "gyre"}]}
 

@@ -42,7 +42,7 @@ def stack(tmp_path_factory):
         return template.encode(texts[min(i, len(texts) - 1)]) + [template.stop_ids[0]]
 
     engine = ScriptedEngineDouble(reply)
-    service = ProxyService(ProxyConfig(openai=OpenAIConfig(tokenizer=str(model))))
+    service = ProxyService(ProxyConfig(openai=OpenAIConfig(tokenizer=str(model)), tito_dir=str(tmp / "tito")))
     service.add_engine(engine.url, 0)
     proxy = ThreadServer(ProxyServer(service).app)
     try:
@@ -74,8 +74,8 @@ def test_a_replayed_reference_solution_scores_one_and_trains(stack, tmp_path, mo
 
     from gyre_hpc.proxy.client import ProxyClient
     with ProxyClient(url) as proxy:
-        proxy.flush_tito(str(tmp_path / "q7.jsonl"), list(by_run))
-    log = read_tito(tmp_path / "q7.jsonl", ModelConfig(hf_path=str(model)).vocab_size)
+        done = proxy.flush_tito("q7.jsonl", list(by_run))  # into the proxy's tito_dir
+    log = read_tito(done["path"], ModelConfig(hf_path=str(model)).vocab_size)
     assert {o.run_id: o.score for o in log.outcomes} == {"q00007-r0": 1.0, "q00007-r1": 0.0}
     calls = log.runs["q00007-r0"]
     assert calls[1].input_ids[:len(calls[0].sequence)].tolist() == calls[0].sequence.tolist()

@@ -49,7 +49,8 @@ def stack(tmp_path_factory, tiny):
     template = HFChatTemplate(model)
     end = template.stop_ids[0]
     engine = ScriptedEngineDouble(lambda i, ids, run: template.encode(reply_text(i)) + [end])
-    cfg = ProxyConfig(openai=OpenAIConfig(tokenizer=str(model), max_tool_output_chars=MAX_TOOL_CHARS))
+    cfg = ProxyConfig(openai=OpenAIConfig(tokenizer=str(model), max_tool_output_chars=MAX_TOOL_CHARS),
+                      tito_dir=str(tmp))
     service = ProxyService(cfg)
     service.add_engine(engine.url, 0)
     proxy = ThreadServer(ProxyServer(service).app)
@@ -65,9 +66,10 @@ def client(url: str, run: str) -> openai.OpenAI:
 
 
 def flush(url: str, path, run: str):
+    """Post the run's outcome and flush it into ``path`` (a file of the proxy's ``tito_dir``)."""
     with httpx.Client(base_url=url) as http:
         http.post("/tito/outcome", json={"run_id": run, "status": "scored", "score": 0.0}).raise_for_status()
-        http.post("/admin/flush_tito", json={"path": str(path), "run_ids": [run]}).raise_for_status()
+        http.post("/admin/flush_tito", json={"name": path.name, "run_ids": [run]}).raise_for_status()
     return read_tito(path).runs[run]
 
 
@@ -208,7 +210,7 @@ def test_a_local_engine_serving_the_tiny_model_gets_prompts_that_extend_its_samp
     """The real engine (megatron GPTModel from model.hf_path): random text, but every call extends the last."""
     engine = start_local_engine(EngineConfig(max_running_requests=4, context_len=2048, request_timeout_s=300.0),
                                 ModelConfig(hf_path=str(tiny)), log_path=tmp_path / "engine.log")
-    service = ProxyService(ProxyConfig(openai=OpenAIConfig(tokenizer=str(tiny))))
+    service = ProxyService(ProxyConfig(openai=OpenAIConfig(tokenizer=str(tiny)), tito_dir=str(tmp_path)))
     service.add_engine(engine.url, 0)
     proxy = ThreadServer(ProxyServer(service).app)
     try:

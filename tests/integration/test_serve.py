@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from gyre_hpc import auth
 from gyre_hpc.engines.launch import free_port
 from gyre_hpc.models.init import init_model
 from gyre_hpc.trajectory.records import read_tito
@@ -37,12 +38,20 @@ def test_gyre_serve_answers_chat_calls_and_writes_their_tito(tmp_path):
             ready = proc.stdout.readline()
             assert ready or proc.poll() is None, "gyre serve exited before it was ready"
         url = ready.split("url=")[1].split()[0]
-        c = openai.OpenAI(base_url=f"{url}/runs/q0-r0/v1", api_key="k", max_retries=0)
+        secret = Path(ready.split("secret=")[1].split()[0]).read_text().strip()
+        key = auth.run_key(secret, "q0-r0")  # an agent holds its run's key, never the server's secret
+        c = openai.OpenAI(base_url=f"{url}/runs/q0-r0/v1", api_key=key, max_retries=0)
         messages = [{"role": "user", "content": "Fix the bug."}]
         for _ in range(2):
             msg = c.chat.completions.create(model="gyre-policy", messages=messages, max_tokens=8, temperature=0.0)
             messages += [msg.choices[0].message.model_dump(), {"role": "user", "content": "Again."}]
-        httpx.post(f"{url}/tito/outcome", json={"run_id": "q0-r0", "status": "scored", "score": 0.0})
+        other = openai.OpenAI(base_url=f"{url}/runs/q0-r1/v1", api_key=key, max_retries=0)
+        with pytest.raises(openai.PermissionDeniedError):  # another run's endpoint
+            other.chat.completions.create(model="gyre-policy", messages=messages, max_tokens=8)
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{url}/runs/q0-r0/v1", api_key="wrong", max_retries=0).models.list()
+        httpx.post(f"{url}/tito/outcome", json={"run_id": "q0-r0", "status": "scored", "score": 0.0},
+                   headers=auth.bearer(key)).raise_for_status()
     finally:
         proc.send_signal(signal.SIGTERM)
         rest, _ = proc.communicate(timeout=120)

@@ -86,8 +86,13 @@ def test_a_run_key_reaches_only_its_own_runs_calls(proxy):
     key = auth.bearer(auth.run_key(_secret(), "q7-r0"))
     with httpx.Client(base_url=proxy.url, timeout=10.0, headers=key) as c:
         for method, path in _routes():
-            if path not in ("/generate", "/abort_request", "/tito/outcome"):
+            if path not in ("/generate", "/abort_request", "/tito/outcome") and not path.startswith(("/runs/", "/v1/")):
                 assert c.request(method, path, json={}).status_code == 403, path
+        assert c.get("/runs/q7-r0/v1/models").status_code == 200  # its own run's OpenAI endpoint
+        assert c.get("/runs/q7-r1/v1/models").status_code == 403
+        chat = {"model": "gyre", "messages": [{"role": "user", "content": "hi"}]}
+        assert c.post("/runs/q7-r1/v1/chat/completions", json=chat).status_code == 403
+        assert c.post("/v1/chat/completions", json=chat, headers={"X-Gyre-Run-Id": "q7-r1"}).status_code == 403
         other = c.post("/tito/outcome", json={"run_id": "q7-r1", "status": "scored", "score": 1.0})
         assert other.status_code == 403 and "not run 'q7-r1'" in other.json()["error"]["message"]
         assert c.post("/abort_request", json={"abort_all": True}).status_code == 403
