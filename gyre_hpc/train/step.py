@@ -116,10 +116,11 @@ class Trainer:
             loss.backward()
             loss_sum += float(loss.detach())
             kept.append((logp.detach(), entropy, weight, old, engine, m["version"][r, c], at, tis))
-        logp, entropy, weight, old, engine, gen, at = (torch.cat(x) for x in list(zip(*kept))[:7])
+        cols = list(zip(*kept))
+        logp, entropy, weight, old, engine, gen, at = (torch.cat(x) for x in cols[:7])
         stats = ppo_stats(logp, old, weight, self.cfg.clip_eps) if self.cfg.loss == "ppo" else {}
         if self.cfg.tis_cap is not None:
-            tis = torch.cat([k[7] for k in kept])
+            tis = torch.cat(cols[7])
             stats.update(tis_weight_mean=float((tis * weight).sum() / Z),
                          tis_truncated_frac=float(((tis >= self.cfg.tis_cap).float() * weight).sum() / Z))
         if trainer_old is None:
