@@ -209,9 +209,16 @@ class TrainConfig:
         "accumulate over the step; null = all rows in one forward.",
     )
     threads: int | None = param(None, "torch intra-op threads on the CPU; null = leave torch's default.")
+    tis_cap: float | None = param(
+        None, "Truncated importance sampling: each token's policy-gradient term is weighted by "
+              "min(exp(trainer_logprob_old - engine_logprob), tis_cap), and ppo's ratio is taken against the "
+              "trainer's own logprob before the step (docs/training.md); null = off.",
+    )
 
     def check(self) -> None:
         require(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        require(self.tis_cap is None or 0 < self.tis_cap < float("inf"), "tis_cap",
+                f"must be a finite number > 0 (the cap C of min(ratio, C)) or null, got {self.tis_cap}")
         require(0 < self.clip_eps < 1, "clip_eps", f"must be in (0, 1), got {self.clip_eps}")
         require(
             len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),

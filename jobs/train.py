@@ -496,6 +496,7 @@ def _sync(cfg, args: argparse.Namespace) -> int:
 
     from gyre_hpc.agents.closed_loop import run_closed_loop
     from gyre_hpc.report.train_plots import reward_curve
+    from gyre_hpc.train import agreement
 
     run_dir = make_run_dir(cfg.run.out_dir, cfg.run.name)
     atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
@@ -518,6 +519,7 @@ def _sync(cfg, args: argparse.Namespace) -> int:
         "runs_finished": sum(s.runs for s in res.steps), "runs_scored": sum(s.scored_runs for s in res.steps),
         "trained_tokens": sum(s.trained_tokens for s in res.steps),
         "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
+        **agreement.combine(s.to_dict() for s in res.steps),
         "run_dir": str(run_dir),
     }
     atomic_write_json(run_dir / "summary.json", summary)

@@ -19,6 +19,9 @@ Invariants
 - Step ``k`` uses query indices ``[k * groups_per_step, (k + 1) * groups_per_step)``: never a repeated query,
   and never an evaluation query.
 - The reward of a step is the mean score of its runs that have one (scored and timeout_partial).
+- A step's ``logprob_abs_diff_*`` compare the engine's logprobs with the trainer's first forward of the step's
+  batch (its tokens were all generated at that version; the later epochs of the loop train at newer versions
+  and add no token).
 """
 from __future__ import annotations
 
@@ -45,6 +48,9 @@ class StepRecord:
     rollout_s: float
     train_s: float
     update_s: float
+    logprob_abs_diff_mean: float | None = None  # train-inference agreement (gyre_hpc.train.agreement)
+    logprob_abs_diff_max: float | None = None
+    logprob_abs_diff_tokens: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -71,6 +77,7 @@ def run_closed_loop(agent: AgentConfig, model: ModelConfig, train: TrainConfig, 
     """``steps`` RL steps (each record also handed to ``on_step`` as it ends), evaluated before and after."""
     from gyre_hpc.engines.launch import free_port, start_local_engine
     from gyre_hpc.engines.weights import save_weights
+    from gyre_hpc.train import agreement
     from gyre_hpc.train.model import init_parallel
     from gyre_hpc.train.step import Trainer
     from gyre_hpc.trajectory.pipeline import build_batch
@@ -99,9 +106,10 @@ def run_closed_loop(agent: AgentConfig, model: ModelConfig, train: TrainConfig, 
                 log = rollout(f"step{step:03d}", range(step * groups_per_step, (step + 1) * groups_per_step))
                 t1 = time.perf_counter()
                 batch, report = build_batch(log, trajectory)
-                metrics = None
+                metrics, epochs_done = None, []
                 for _ in range(epochs if report.trained_tokens else 0):  # epochs > 1: use train.loss=ppo
                     metrics = trainer.step(batch)
+                    epochs_done.append(metrics)
                 t2 = time.perf_counter()
                 weights = save_weights(work / "weights", trainer.export_weights(), str(trainer.version))
                 client.update_weights_from_disk(str(weights), str(trainer.version))
@@ -110,7 +118,7 @@ def run_closed_loop(agent: AgentConfig, model: ModelConfig, train: TrainConfig, 
                                  len(log.outcomes), len(scores), report.trained_tokens,
                                  None if metrics is None else metrics["loss"], dict(report.branches),
                                  tuple(sorted({int(v) for c in log.calls for v in c.output_versions})),
-                                 t1 - t0, t2 - t1, time.perf_counter() - t2)
+                                 t1 - t0, t2 - t1, time.perf_counter() - t2, **agreement.combine(epochs_done))
                 records.append(rec)
                 if on_step is not None:
                     on_step(rec)

@@ -5,7 +5,7 @@ right after building its ``MpiTransport``), so nothing here can match a control 
 
     cell  ──WANT(cell, have_version)─────────────▶ rank 0 (the hub)
     cell  ◀─GROUP(version, group | None, desc)──── rank 0
-    satellite ──GRADS(version, gid, Z, grads, lag, group)▶ core cell's rank
+    satellite ──GRADS(version, gid, Z, grads, lag, group, extra)▶ core cell's rank
     core  ──STEPPED(version, step record)────────▶ rank 0
 
 The hub (``runtime.hub``) hands each optimizer step exactly ``batch_groups`` ready groups, in completion order,

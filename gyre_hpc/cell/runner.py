@@ -208,15 +208,15 @@ class CellRunner:
                 self._pull(version)
             except _RunOver:
                 return
-        z, grads, loss = self.trainer.grads(group)
+        z, grads, loss, extra = self.trainer.grads(group)
         seconds = time.perf_counter() - t0
         lag = dp.lag_stats(group.batch, version, group.ready_version)
         if self.is_core:
-            if self.trainer.add(version, group.gid, z, grads, loss, lag, group):
+            if self.trainer.add(version, group.gid, z, grads, loss, lag, group, extra):
                 self.work_s += seconds
         else:  # the group goes along: the core trains it again in epochs 2..train.epochs
             self._send_data({"version": version, "gid": group.gid, "z": z, "grads": grads, "loss": loss,
-                             "lag": lag, "seconds": seconds, "group": group}, CORE + 1, dp.GRADS)
+                             "lag": lag, "seconds": seconds, "group": group, "extra": extra}, CORE + 1, dp.GRADS)
 
     def _pull(self, version: int | None = None) -> dict | None:
         """Satellite: the core's weights (``SatelliteTrainer.ensure``); ``_RunOver`` when the pull failed because
@@ -259,7 +259,8 @@ class CellRunner:
     def _core_poll(self) -> None:
         while (got := dp.poll(self.comm, dp.GRADS)) is not None:
             g = got[1]  # a late copy of a group re-issued after its satellite was lost is dropped
-            if self.trainer.add(g["version"], g["gid"], g["z"], g["grads"], g["loss"], g["lag"], g["group"]):
+            if self.trainer.add(g["version"], g["gid"], g["z"], g["grads"], g["loss"], g["lag"], g["group"],
+                                g.get("extra")):
                 self.work_s += g["seconds"]
         if self.role is not Role.TRAIN:
             return

@@ -28,6 +28,9 @@ Invariants (tests/integration/test_live_training.py)
 - A step makes exactly ``train.epochs`` AdamW updates, each over all of the step's groups with trained tokens
   (``epoch_gids`` in the record; one update when none has any), and raises the version by exactly one.
 - Per step, pre-queue + in-queue staleness = total staleness (``dataplane.lag_stats``), per trained token.
+- The step record's ``logprob_abs_diff_*`` combine the first forward of each of its groups (core or satellite,
+  on the weights of the step's version: ``gyre_hpc.train.agreement``); epochs 2..E weigh each token against
+  that first forward's trainer logprob (``train.tis_cap``), which the satellite sends along with its gradients.
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ from gyre_hpc.cell import dataplane as dp
 from gyre_hpc.cell import store
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import TransferError
+from gyre_hpc.train import agreement
 
 
 class _Side:
@@ -52,12 +56,15 @@ class _Side:
         self.cfg = cfg
         self.trainer = Trainer(cfg.model, cfg.train, cfg.run.seed)
 
-    def grads(self, group: dp.Group) -> tuple[float, dict[str, np.ndarray], float]:
-        """(Z, gradients normalised by Z, loss) of one group; Z = 0 when nothing of it trains."""
+    def grads(self, group: dp.Group, trainer_old: np.ndarray | None = None) -> tuple[float, dict, float, dict]:
+        """(Z, gradients normalised by Z, loss, extra) of one group; Z = 0 when nothing of it trains. ``extra``
+        of a first forward (``trainer_old`` None) holds the agreement record and the trainer's logprobs
+        (``trainer_logprob``, what later epochs weigh against)."""
         if group.batch is None or group.trained_tokens == 0:
-            return 0.0, {}, 0.0
-        loss, grads = self.trainer.loss_and_grads(group.batch)
-        return float(group.batch.loss_mask.sum()), dp.to_numpy(grads), loss
+            return 0.0, {}, 0.0, agreement.empty()
+        metrics, grads, mine = self.trainer.group_grads(group.batch, trainer_old)
+        extra = {**{k: metrics[k] for k in agreement.KEYS}, "trainer_logprob": mine} if trainer_old is None else {}
+        return float(group.batch.loss_mask.sum()), dp.to_numpy(grads), metrics["loss"], extra
 
 
 class CoreTrainer(_Side):
@@ -85,6 +92,8 @@ class CoreTrainer(_Side):
     def reset_step(self) -> None:
         self.groups = 0
         self.kept: list[dp.Group] = []  # the step's groups with trained tokens (for epochs 2..E)
+        self.trainer_old: dict[int, np.ndarray] = {}  # gid → the trainer's first-forward logprobs (epochs 2..E)
+        self.agree: list[dict] = []  # the agreement record of each group taken this step
         self.lag: dict | None = None
         self._reset_grads()
 
@@ -98,14 +107,18 @@ class CoreTrainer(_Side):
         return self.trainer.version
 
     def add(self, version: int, gid: int, z: float, grads: dict, loss: float, lag: dict,
-            group: dp.Group | None = None) -> bool:
+            group: dp.Group | None = None, extra: dict | None = None) -> bool:
         """Take group ``gid``'s gradients (own or a satellite's) for ``version``, and the group for later epochs;
         False (nothing added) for a copy the step already holds or one of an older version (``dp.GradLedger``)."""
         if not self.ledger.take(version, gid):
             return False
         self._sum(z, grads, loss)
+        extra = extra or {}
         if group is not None and z > 0:
             self.kept.append(group)
+            if extra.get("trainer_logprob") is not None:
+                self.trainer_old[group.gid] = extra["trainer_logprob"]
+        self.agree.append({k: extra.get(k) for k in agreement.KEYS})
         self.groups += 1
         self.unreported += 1
         self.lag = dp.merge_lag(self.lag, lag)
@@ -138,7 +151,7 @@ class CoreTrainer(_Side):
         for _ in range(1, self.cfg.train.epochs if self.kept else 1):
             self._reset_grads()
             for group in self.kept:
-                self._sum(*self.grads(group))
+                self._sum(*self.grads(group, self.trainer_old.get(group.gid))[:3])
             losses.append(self._update()[1])
         self.trainer.version += 1
         gids = self.ledger.stepped()
@@ -147,7 +160,8 @@ class CoreTrainer(_Side):
         rec = {"version": self.version, "groups": self.groups, "trained_tokens": tokens, "loss": loss,
                "epochs": len(losses), "loss_last_epoch": losses[-1], "grad_norm": norm,
                "epoch_gids": sorted(g.gid for g in self.kept) if len(losses) > 1 else [],
-               **dp.lag_record(self.lag), "optimizer_s": t1 - t0, "gids": gids, **pub}
+               **dp.lag_record(self.lag), **agreement.combine(self.agree), "optimizer_s": t1 - t0, "gids": gids,
+               **pub}
         self.reset_step()
         return rec
 

@@ -43,6 +43,7 @@ from gyre_hpc.io import atomic_write_json, atomic_write_text
 from gyre_hpc.runtime import dataloss, preempt
 from gyre_hpc.runtime.hub import Hub
 from gyre_hpc.runtime.rollouts import Rollouts
+from gyre_hpc.train import agreement
 
 PROGRESS_EVERY_S = 5.0
 
@@ -306,6 +307,7 @@ def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollou
         "staleness_max": max((s["staleness_max"] for s in steps), default=0),
         **{f"staleness_{part}_{stat}": _staleness(steps, f"staleness_{part}_{stat}")
            for part in ("prequeue", "inqueue") for stat in ("mean", "max")},
+        **agreement.combine(steps),  # train-inference logprob agreement over every step's first forwards
         "switch_s": {d: _median([s[f"{d}_s"] for s in switches if f"{d}_s" in s])
                      for d in ("total", "drain", "engine_stop", "engine_sleep", "weight_pull", "engine_start",
                                "engine_wake")},

@@ -16,6 +16,9 @@ Invariants
   re-indexed to the new row; the tokens each token attends to are unchanged, so logits and the loss are too.
 - Padding follows the valid tokens of each row and carries parent -1, span_end == its position, loss_mask 0.
 - A group holds at least one row, even one longer than ``max_tokens``.
+- ``layout`` gives the same parts as ``split_trees`` then ``micro_batches``, each with ``origin``: the flat index
+  (``r * L + i``) in the input batch of every position (-1 on padding), so a per-token value computed on a part
+  maps back to the input batch (the trainer keeps its first-forward logprobs this way).
 """
 from __future__ import annotations
 
@@ -46,17 +49,24 @@ def _from_segments(batch: PackedBatch, segments: list[tuple[int, int, int]]) -> 
     return PackedBatch(**out, lengths=np.array([e - s for _, s, e in segments], dtype=np.int64))
 
 
-def split_trees(batch: PackedBatch) -> PackedBatch:
-    """One row per tree (pre-order root and its span), in row order then position order."""
+def _take(src: np.ndarray, segments: list[tuple[int, int, int]], pad: int) -> np.ndarray:
+    """The ``(row, start, end)`` slices of ``src`` as rows, right-padded with ``pad``."""
+    L = max((e - s for _, s, e in segments), default=0)
+    out = np.full((len(segments), L), pad, dtype=src.dtype)
+    for k, (r, s, e) in enumerate(segments):
+        out[k, : e - s] = src[r, s:e]
+    return out
+
+
+def _tree_segments(batch: PackedBatch) -> list[tuple[int, int, int]]:
     segments = []
     for r, n in enumerate(batch.lengths):
         roots = np.nonzero(batch.parent[r, :n] < 0)[0]
         segments += [(r, int(i), int(batch.span_end[r, i]) + 1) for i in roots]
-    return _from_segments(batch, segments)
+    return segments
 
 
-def micro_batches(batch: PackedBatch, max_tokens: int | None) -> list[PackedBatch]:
-    """Rows grouped by length (longest first), each group at most ``max_tokens`` padded tokens; None = one group."""
+def _length_groups(batch: PackedBatch, max_tokens: int | None) -> list[list[tuple[int, int, int]]]:
     order = [int(r) for r in np.argsort(-batch.lengths, kind="stable")]
     groups: list[list[int]] = []
     for r in order:
@@ -64,4 +74,26 @@ def micro_batches(batch: PackedBatch, max_tokens: int | None) -> list[PackedBatc
             groups[-1].append(r)
         else:
             groups.append([r])
-    return [_from_segments(batch, [(r, 0, int(batch.lengths[r])) for r in g]) for g in groups]
+    return [[(r, 0, int(batch.lengths[r])) for r in g] for g in groups]
+
+
+def split_trees(batch: PackedBatch) -> PackedBatch:
+    """One row per tree (pre-order root and its span), in row order then position order."""
+    return _from_segments(batch, _tree_segments(batch))
+
+
+def micro_batches(batch: PackedBatch, max_tokens: int | None) -> list[PackedBatch]:
+    """Rows grouped by length (longest first), each group at most ``max_tokens`` padded tokens; None = one group."""
+    return [_from_segments(batch, g) for g in _length_groups(batch, max_tokens)]
+
+
+def layout(batch: PackedBatch, split: bool, max_tokens: int | None) -> list[tuple[PackedBatch, np.ndarray]]:
+    """``(part, origin)`` per forward: ``split_trees`` (when ``split``) then ``micro_batches``; ``origin[k, i]`` is
+    the flat index into ``batch``'s ``[R, L]`` arrays of the part's position ``(k, i)``, -1 on padding."""
+    R, L = batch.shape
+    origin = np.arange(R * L, dtype=np.int64).reshape(R, L)
+    origin = np.where(np.arange(L)[None, :] < batch.lengths[:, None], origin, -1)
+    if split:
+        segments = _tree_segments(batch)
+        origin, batch = _take(origin, segments, -1), _from_segments(batch, segments)
+    return [(_from_segments(batch, g), _take(origin, g, -1)) for g in _length_groups(batch, max_tokens)]

@@ -10,10 +10,22 @@ tokens of the whole step (the same in flat and tree mode)::
     pg:   L = -Σ m_t · A_t · logp_t / Z
     ppo:  L = -Σ m_t · min(ρ_t A_t, clip(ρ_t, 1-ε, 1+ε) A_t) / Z,   ρ_t = exp(logp_t - old_logprob_t)
 
+Truncated importance sampling (``train.tis_cap`` = C, off when null) multiplies each token's policy-gradient
+term by a constant (no gradient flows through it) weight::
+
+    w_t = min(exp(trainer_old_t - engine_t), C)
+
+``engine_t`` is the engine's logprob of the token (``PackedBatch.old_logprob``), ``trainer_old_t`` the trainer's
+logprob before the step's first update. With TIS on, the ppo ratio is taken against ``trainer_old_t`` (the
+trainer's own old policy) and ``w_t`` corrects for the engine that sampled the token:
+``L = -Σ m_t · w_t · min(ρ_t A_t, clip(ρ_t) A_t) / Z``, ``ρ_t = exp(logp_t - trainer_old_t)``.
+
 Invariants
 - The loss depends only on the set of (token, predicting context, weight, advantage) tuples, not on how rows
   are packed: flat and tree packings of the same paths give the same loss and gradients.
 - With ``old_logprob`` equal to the current logprob (on-policy), ppo has the same gradient as pg.
+- TIS weights lie in [0, C]; a token's gradient is scaled by exactly its weight; with every weight 1 (trainer and
+  engine agree) the loss and gradients are those without TIS.
 """
 from __future__ import annotations
 
@@ -41,8 +53,9 @@ def policy_loss(
     kind: str = "pg",
     old_logprob: torch.Tensor | None = None,
     clip_eps: float = 0.2,
+    tis: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The scalar loss of the given tokens (see the module docstring)."""
+    """The scalar loss of the given tokens (see the module docstring); ``tis``: per-token TIS weights or None."""
     if kind == "pg":
         per_token = -advantage * logp
     elif kind == "ppo":
@@ -53,7 +66,15 @@ def policy_loss(
         per_token = -torch.minimum(ratio * advantage, clipped * advantage)
     else:
         raise ValueError(f"unknown loss kind {kind!r}; expected 'pg' or 'ppo'")
+    if tis is not None:
+        per_token = per_token * tis.detach()
     return (per_token * weight).sum() / normalizer
+
+
+@torch.no_grad()
+def tis_weights(trainer_old: torch.Tensor, engine: torch.Tensor, cap: float) -> torch.Tensor:
+    """``min(exp(trainer_old - engine), cap)`` per token (see the module docstring)."""
+    return torch.clamp(torch.exp(trainer_old.float() - engine.float()), max=cap)
 
 
 @torch.no_grad()

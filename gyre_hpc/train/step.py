@@ -5,6 +5,9 @@ batch's trained tokens. Rows are cut into one row per tree (``train.split_trees`
 micro-batches of at most ``train.micro_batch_tokens`` padded tokens (``gyre_hpc.train.layout``), gradients
 accumulating over them; the global gradient norm is clipped to ``train.grad_clip``; then AdamW steps and the policy ``version`` grows by one.
 A burst (``Trainer.burst(batch, steps)``) splits its rows, in order, into ``steps`` such steps (the scheduler's mu).
+The first forward of a step (before any update of it) also measures the train-inference agreement on the tokens
+generated at the trainer's version (``gyre_hpc.train.agreement``), and with ``train.tis_cap`` set weighs each
+token by its truncated importance weight against the engine (``gyre_hpc.train.loss``).
 
 Invariants
 - Flat and tree packings of the same paths give the same loss and the same gradients (up to float rounding):
@@ -13,6 +16,9 @@ Invariants
 - Splitting trees and micro-batching do not change the loss or the gradients (up to float rounding).
 - ``version`` counts optimizer steps; ``state_dict``/``load_state_dict`` and checkpoints round-trip model,
   optimizer and version exactly.
+- The metrics of a first forward carry ``logprob_abs_diff_mean/max/tokens`` over exactly the trained tokens whose
+  generation version equals ``version``; the logprobs it returns map back to the batch's positions, so a later
+  epoch (``forward_backward(batch, trainer_old)``) weighs every token against its own first-forward logprob.
 - A batch with token ids outside the vocabulary, positions beyond ``model.max_seq_len`` or no trained token
   is refused with a ``TrajectoryError`` before any computation.
 """
@@ -30,8 +36,9 @@ import torch.distributed as dist
 from gyre_hpc.config import ModelConfig, TrainConfig
 from gyre_hpc.errors import TrajectoryError
 from gyre_hpc.train import checkpoint
-from gyre_hpc.train.layout import micro_batches, split_trees
-from gyre_hpc.train.loss import gather_logprobs, policy_loss, ppo_stats
+from gyre_hpc.train import agreement
+from gyre_hpc.train.layout import layout
+from gyre_hpc.train.loss import gather_logprobs, policy_loss, ppo_stats, tis_weights
 from gyre_hpc.train.model import build_model, forward_logits
 from gyre_hpc.trajectory.batch import FIELDS, PackedBatch
 from gyre_hpc.trajectory.collate import to_tensors
@@ -78,25 +85,48 @@ class Trainer:
 
     def _accumulate(self, batch: PackedBatch) -> dict[str, float]:
         """Forward and backward over all micro-batches; gradients are left in ``.grad``."""
+        return self.forward_backward(batch)[0]
+
+    def forward_backward(self, batch: PackedBatch, trainer_old: np.ndarray | None = None) -> tuple[dict, np.ndarray]:
+        """Forward and backward over all micro-batches, gradients left in ``.grad``; returns the metrics and the
+        trainer's logprob of every trained token as a float32 array shaped like ``batch`` (0 elsewhere).
+
+        ``trainer_old`` None: this is the step's first forward on these weights; the metrics then carry the
+        train-inference agreement (``gyre_hpc.train.agreement``) and TIS weighs against the logprobs computed now.
+        A later epoch passes the array the first forward returned (TIS and its ppo ratio keep that reference)."""
         self._check(batch)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         Z = float(batch.loss_mask.sum())
-        rows = split_trees(batch) if self.cfg.split_trees else batch
+        ref = None if trainer_old is None else torch.from_numpy(np.asarray(trainer_old, np.float32).reshape(-1))
         loss_sum, kept = 0.0, []
-        for part in micro_batches(rows, self.cfg.micro_batch_tokens):
+        for part, origin in layout(batch, self.cfg.split_trees, self.cfg.micro_batch_tokens):
             if part.trained_tokens == 0:
                 continue
             m = to_tensors(part, self.device)
             logits = forward_logits(self.model, m["input_ids"], m["position_ids"], m["attention_mask"])
             logp, entropy, (r, c) = gather_logprobs(logits, m["parent"], m["input_ids"], m["loss_mask"] > 0)
-            weight, old, adv = m["loss_mask"][r, c], m["old_logprob"][r, c], m["advantage"][r, c]
-            loss = policy_loss(logp, adv, weight, Z, self.cfg.loss, old, self.cfg.clip_eps)
+            weight, engine, adv = m["loss_mask"][r, c], m["old_logprob"][r, c], m["advantage"][r, c]
+            at = torch.from_numpy(origin[r.cpu().numpy(), c.cpu().numpy()])
+            old, tis = engine, None
+            if self.cfg.tis_cap is not None:
+                old = logp.detach() if ref is None else ref[at].to(self.device)
+                tis = tis_weights(old, engine, self.cfg.tis_cap)
+            loss = policy_loss(logp, adv, weight, Z, self.cfg.loss, old, self.cfg.clip_eps, tis)
             loss.backward()
             loss_sum += float(loss.detach())
-            kept.append((logp.detach(), entropy, weight, old))
-        logp, entropy, weight, old = (torch.cat(x) for x in zip(*kept))
+            kept.append((logp.detach(), entropy, weight, old, engine, m["version"][r, c], at, tis))
+        cols = list(zip(*kept))
+        logp, entropy, weight, old, engine, gen, at = (torch.cat(x) for x in cols[:7])
         stats = ppo_stats(logp, old, weight, self.cfg.clip_eps) if self.cfg.loss == "ppo" else {}
+        if self.cfg.tis_cap is not None:
+            tis = torch.cat(cols[7])
+            stats.update(tis_weight_mean=float((tis * weight).sum() / Z),
+                         tis_truncated_frac=float(((tis >= self.cfg.tis_cap).float() * weight).sum() / Z))
+        if trainer_old is None:
+            stats.update(agreement.record(logp.cpu().numpy(), engine.cpu().numpy(), gen.cpu().numpy(), self.version))
+        mine = np.zeros(batch.input_ids.size, np.float32)
+        mine[at.numpy()] = logp.cpu().numpy()
         return {
             "loss": loss_sum,
             "trained_tokens": Z,
@@ -104,14 +134,21 @@ class Trainer:
             "mean_logp": float((logp * weight).sum() / Z),
             "entropy": float((entropy * weight).sum() / Z),
             **stats,
-        }
+        }, mine.reshape(batch.shape)
 
     def loss_and_grads(self, batch: PackedBatch) -> tuple[float, dict[str, torch.Tensor]]:
         """The step's loss and a copy of every parameter gradient (no optimizer step)."""
-        metrics = self._accumulate(batch)
+        metrics, grads, _ = self.group_grads(batch)
+        return metrics["loss"], grads
+
+    def group_grads(self, batch: PackedBatch, trainer_old: np.ndarray | None = None
+                    ) -> tuple[dict, dict[str, torch.Tensor], np.ndarray]:
+        """``forward_backward``, then a copy of every parameter gradient (no optimizer step): what a training cell
+        computes for one group (metrics, gradients, the trainer's logprobs for later epochs)."""
+        metrics, mine = self.forward_backward(batch, trainer_old)
         grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
         self.optimizer.zero_grad(set_to_none=True)
-        return metrics["loss"], grads
+        return metrics, grads, mine
 
     # -------------------------------------------------------------------------------------------- steps
     def _grad_norm(self) -> float:

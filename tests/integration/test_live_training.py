@@ -101,3 +101,14 @@ def test_each_step_makes_train_epochs_updates_over_all_its_groups_and_one_versio
     assert all(set(s["epoch_gids"]) <= set(s["gids"]) for s in steps)
     # a satellite's group comes back to the core for epoch 2 (the steps where every group trained tokens)
     assert any(s["epoch_gids"] == sorted(s["gids"]) and set(s["cells"]) - {0} for s in steps), steps
+
+
+def test_summary_reports_the_train_inference_logprob_agreement_of_same_version_tokens(live_run):
+    summary, run_dir, _ = live_run
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first = steps[0]  # version-0 tokens trained at version 0 (core and satellites alike): every token compares
+    assert first["logprob_abs_diff_tokens"] == first["trained_tokens"] > 0
+    assert 0 <= first["logprob_abs_diff_mean"] <= first["logprob_abs_diff_max"] < 1e-3  # same float32 model
+    assert summary["logprob_abs_diff_tokens"] == sum(s["logprob_abs_diff_tokens"] for s in steps)
+    assert summary["logprob_abs_diff_max"] == max(s["logprob_abs_diff_max"] for s in steps
+                                                  if s["logprob_abs_diff_tokens"])

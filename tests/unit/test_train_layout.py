@@ -59,3 +59,20 @@ def test_micro_batches_hold_every_row_once_within_the_budget(packed, budget):
         assert len(groups) == 1
     if budget == 1:
         assert len(groups) == rows.shape[0]
+
+
+@pytest.mark.parametrize("split,budget", [(True, None), (True, 300), (False, 1), (False, None)])
+def test_layout_origin_maps_every_valid_position_of_every_part_back_to_the_batch_once(packed, split, budget):
+    from gyre_hpc.train.layout import layout
+
+    parts = layout(packed, split, budget)
+    expect = micro_batches(split_trees(packed) if split else packed, budget)
+    assert [p.shape for p, _ in parts] == [e.shape for e in expect]
+    seen = []
+    for part, origin in parts:
+        valid = np.arange(part.shape[1])[None, :] < part.lengths[:, None]
+        assert ((origin >= 0) == valid).all()
+        for name in ("input_ids", "position_ids", "loss_mask", "old_logprob", "version"):
+            assert np.array_equal(getattr(packed, name).reshape(-1)[origin[valid]], getattr(part, name)[valid])
+        seen += origin[valid].tolist()
+    assert sorted(seen) == sorted(np.flatnonzero(np.arange(packed.shape[1])[None, :] < packed.lengths[:, None]))
