@@ -21,6 +21,7 @@ import torch
 
 from gyre_hpc.engines import cached_forward
 from gyre_hpc.engines.kvcache import BlockManager, KVPoolFull
+from gyre_hpc.train.model import quiet_megatron
 
 
 class PagedDecoder:
@@ -54,7 +55,8 @@ class PagedDecoder:
         for rid, tokens in batch:
             seq = self.blocks.seqs[rid]
             items.append(cached_forward.Item(tokens[seq.computed:], seq.computed, list(seq.table)))
-        logits = cached_forward.forward(self.model, self.store, items)
+        with quiet_megatron():
+            logits = cached_forward.forward(self.model, self.store, items)
         return logits[:, : self.vocab_size].float().cpu().numpy()
 
     def commit(self, batch: Sequence[tuple[str, Sequence[int]]], version: str) -> None:

@@ -1,0 +1,149 @@
+"""The local engine's paged KV cache is exact: the real scheduler and megatron policy, in this process, give the
+same greedy tokens with ``engine.kv_cache`` as the recompute-everything path (the reference), and the cached
+forward's logits match the full forward's within 1e-4, over prompts, batch sizes, prefix hits and evictions.
+"""
+import asyncio
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from gyre_hpc.config import EngineConfig, ModelConfig
+from gyre_hpc.engines import cached_forward
+from gyre_hpc.engines.policy import MegatronPolicy
+from gyre_hpc.engines.protocol import parse_generate
+from gyre_hpc.engines.scheduler import Scheduler
+from gyre_hpc.errors import EngineError
+
+pytestmark = [pytest.mark.megatron]
+
+MODEL = ModelConfig(kv_heads=2)  # grouped-query attention: 4 heads over 2 key/value groups
+PLAIN = EngineConfig(max_running_requests=4, context_len=256)
+CACHED = dataclasses.replace(PLAIN, kv_cache=True, kv_block_size=4, kv_pool_tokens=1024)
+RNG = np.random.default_rng(7)
+SHARED = RNG.integers(0, 256, 21).tolist()  # a run's common prefix (5 full blocks of 4 and one token)
+PROMPTS = [SHARED + RNG.integers(0, 256, n).tolist() for n in (1, 3, 8)] + [RNG.integers(0, 256, n).tolist()
+                                                                            for n in (1, 2, 5, 16, 33)]
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return MegatronPolicy(MODEL, seed=0, threads=1)
+
+
+def _request(prompt, new_tokens, rid=None):
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0.0}}
+    if rid is not None:
+        body["rid"] = rid
+    return parse_generate(body, MODEL.vocab_size)
+
+
+async def _with(sched, coro_fn):
+    loop = asyncio.create_task(sched.run())
+    try:
+        return await coro_fn()
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+
+
+def _serve_rounds(sched, rounds, new_tokens=10):
+    """Each round: every prompt at once; returns the answers of every round."""
+    async def main():
+        out = []
+        for prompts in rounds:
+            out.append(await asyncio.gather(*(sched.generate(_request(p, new_tokens)) for p in prompts)))
+        return out
+    return asyncio.run(_with(sched, main))
+
+
+def _ids(rounds):
+    return [[a["output_ids"] for a in answers] for answers in rounds]
+
+
+@pytest.mark.parametrize("cfg", [ModelConfig(), ModelConfig(kv_heads=1, tie_embeddings=True),
+                                 ModelConfig(position_embedding="learned_absolute", kv_heads=2)],
+                         ids=["mrope-mha", "mrope-mqa-tied", "learned-gqa"])
+def test_the_cached_forward_gives_the_full_forwards_logits_chunk_by_chunk(cfg):
+    pol = MegatronPolicy(cfg, seed=1, threads=1)
+    store = cached_forward.KVStore(pol.model, num_blocks=16, block_size=4)
+    a, b = RNG.integers(0, 256, 23).tolist(), RNG.integers(0, 256, 6).tolist()
+    table_a, table_b = [3, 0, 9, 4, 12, 1], [7, 2]
+    got = []
+    for lo, hi in ((0, 10), (10, 11), (11, 22), (22, 23)):  # prefill in chunks, then decode, batched with b
+        items = [cached_forward.Item(a[lo:hi], lo, table_a)] + ([cached_forward.Item(b, 0, table_b)] if lo == 0 else [])
+        got.append(cached_forward.forward(pol.model, store, items)[0].numpy()[: cfg.vocab_size])
+        ref = pol.next_token_logits([a[:hi]])[0]
+        assert np.abs(got[-1] - ref).max() <= 1e-4
+    assert np.abs(cached_forward.forward(pol.model, store, [cached_forward.Item(b[5:], 5, table_b)])[0].numpy()
+                  [: cfg.vocab_size] - pol.next_token_logits([b])[0]).max() <= 1e-4
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_greedy_tokens_are_identical_with_and_without_the_cache(policy, batch):
+    rounds = [PROMPTS, PROMPTS[:3]]  # round 2 repeats the run's prompts: prefix hits
+    want = _ids(_serve_rounds(Scheduler(policy, dataclasses.replace(PLAIN, max_running_requests=batch)), rounds))
+    cached = Scheduler(policy, dataclasses.replace(CACHED, max_running_requests=batch))
+    got = _serve_rounds(cached, rounds)
+    assert _ids(got) == want
+    assert all(a["meta_info"]["cached_tokens"] >= 20 for a in got[1])  # the shared 5 blocks at least
+    assert cached.kv.blocks.hits > 0 and not cached.kv.blocks.seqs  # every request gave its blocks back
+
+
+def test_greedy_tokens_are_identical_when_a_small_pool_evicts_and_queues(policy):
+    rounds = [PROMPTS, PROMPTS, list(reversed(PROMPTS))]
+    want = _ids(_serve_rounds(Scheduler(policy, PLAIN), rounds))
+    small = Scheduler(policy, dataclasses.replace(CACHED, kv_pool_tokens=64))  # 16 blocks: < one round's needs
+    got = _serve_rounds(small, rounds)
+    assert _ids(got) == want
+    assert small.kv.blocks.evictions > 0
+    assert all(a["meta_info"]["finish_reason"]["type"] == "length" for r in got for a in r)
+
+
+def test_a_request_that_could_never_fit_the_pool_is_refused_with_503(policy):
+    sched = Scheduler(policy, dataclasses.replace(CACHED, kv_pool_tokens=16))
+
+    async def main():
+        with pytest.raises(EngineError) as err:
+            sched.submit(_request(list(range(10)), 10))
+        return err.value
+    err = asyncio.run(_with(sched, main))
+    assert err.status == 503 and "KV cache too small" in str(err) and "kv_pool_tokens" in str(err)
+
+
+def test_a_weight_load_drops_the_prefix_cache_and_the_tokens_follow_the_new_weights(policy):
+    other = MegatronPolicy(MODEL, seed=5, threads=1).state()
+    prompt = PROMPTS[0]
+
+    async def around_load(sched):
+        first = await sched.generate(_request(prompt, 6))
+        await sched.load_weights(other, "v1")
+        second = await sched.generate(_request(prompt, 6))
+        await sched.load_weights(policy.initial_state(), "0")
+        return first, second
+    plain_pol = MegatronPolicy(MODEL, seed=0, threads=1)
+    p1, p2 = asyncio.run(_with(s := Scheduler(plain_pol, PLAIN), lambda: around_load(s)))
+    c1, c2 = asyncio.run(_with(s := Scheduler(policy, CACHED), lambda: around_load(s)))
+    assert (c1["output_ids"], c2["output_ids"]) == (p1["output_ids"], p2["output_ids"])
+    assert c2["output_ids"] != c1["output_ids"] and c2["meta_info"]["cached_tokens"] == 0
+
+
+def test_flush_forgets_the_prefix_cache(policy):
+    sched = Scheduler(policy, CACHED)
+
+    async def main():
+        await sched.generate(_request(PROMPTS[0], 2))
+        hit = await sched.generate(_request(PROMPTS[0], 2))
+        sched.flush_kv()
+        miss = await sched.generate(_request(PROMPTS[0], 2))
+        return hit, miss
+    hit, miss = asyncio.run(_with(sched, main))
+    assert hit["meta_info"]["cached_tokens"] == 20 and miss["meta_info"]["cached_tokens"] == 0
+    assert hit["output_ids"] == miss["output_ids"]
+
+
+def test_the_cache_holds_the_models_dtype_and_kv_geometry(policy):
+    store = cached_forward.KVStore(policy.model, num_blocks=3, block_size=8)
+    assert store.k.shape == (MODEL.layers, 3, 8, 2, MODEL.hidden // MODEL.heads)
+    assert store.k.dtype == torch.float32 and store.nbytes() == 2 * store.k.numel() * 4
