@@ -58,20 +58,28 @@ def _slots(items: Sequence[Item], block_size: int, device) -> tuple[torch.Tensor
     return torch.tensor(blocks, device=device), torch.tensor(slots, device=device)
 
 
+def _geometry(items: Sequence[Item], block_size: int, device) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Per item: the blocks holding positions ``0 .. start + n - 1`` and the causal mask (None for one query)."""
+    out = []
+    for it in items:
+        n, total = len(it.ids), it.start + len(it.ids)
+        table = torch.as_tensor(list(it.table[: -(-total // block_size)]), device=device)
+        pos_q = torch.arange(it.start, total, device=device).unsqueeze(1)
+        attend = pos_q >= torch.arange(total, device=device).unsqueeze(0)  # [n, total], True = attend
+        out.append((table, None if n == 1 else attend))
+    return out
+
+
 def _attend(att, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, items: Sequence[Item],
-            block_size: int) -> torch.Tensor:
+            geometry) -> torch.Tensor:
     """Core attention per request: ``q`` [T, np, hn] flat over items; returns [T, np * hn]."""
     outs, off = [], 0
     scale = att.core_attention.softmax_scale
-    for it in items:
+    for it, (table, attend) in zip(items, geometry):
         n, total = len(it.ids), it.start + len(it.ids)
-        nb = -(-total // block_size)
-        table = torch.as_tensor(list(it.table[:nb]), device=q.device)
         k = kc[table].flatten(0, 1)[:total]  # [total, ng, hn]
         v = vc[table].flatten(0, 1)[:total]
         qi = q[off:off + n]
-        pos_q = torch.arange(it.start, total, device=q.device).unsqueeze(1)
-        attend = pos_q >= torch.arange(total, device=q.device).unsqueeze(0)  # [n, total], True = attend
         o = F.scaled_dot_product_attention(qi.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
                                            v.transpose(0, 1).unsqueeze(0), attn_mask=attend, scale=scale,
                                            enable_gqa=qi.shape[1] != k.shape[1])
@@ -100,6 +108,7 @@ def forward(model: torch.nn.Module, store: KVStore, items: Sequence[Item]) -> to
     elif model.position_embedding_type != "learned_absolute":
         raise ValueError(f"cached forward: position embedding {model.position_embedding_type!r} not supported")
     blocks, slots = _slots(items, store.block_size, dev)
+    geometry = _geometry(items, store.block_size, dev)
     for li, layer in enumerate(model.decoder.layers):
         att = layer.self_attention
         q, k, v = att.get_query_key_value_tensors(layer.input_layernorm(x))  # [T, 1, heads|groups, hn]
@@ -108,7 +117,7 @@ def forward(model: torch.nn.Module, store: KVStore, items: Sequence[Item]) -> to
             k = apply_rotary_pos_emb(k, rot, config=att.config)
         store.k[li, blocks, slots] = k[:, 0]
         store.v[li, blocks, slots] = v[:, 0]
-        ctx = _attend(att, q[:, 0], store.k[li], store.v[li], items, store.block_size)
+        ctx = _attend(att, q[:, 0], store.k[li], store.v[li], items, geometry)
         x = x + _plus_bias(att.linear_proj(ctx.unsqueeze(1)))
         x = x + _plus_bias(layer.mlp(layer.pre_mlp_layernorm(x)))
     last = torch.tensor(list(_last_indices(items)), device=dev)

@@ -7,7 +7,8 @@ after the tick (on the event loop: the new tokens' blocks join the prefix cache)
 
 Invariants
 - A request admitted with ``capacity`` tokens never needs another block: decode cannot run the pool out.
-- ``step`` computes only tokens without K/V: the uncached suffix at the first tick (prefill), then one token.
+- ``step`` computes only tokens without K/V: the uncached suffix at the first tick (prefill, in chunks of at most
+  ``prefill_chunk`` tokens per request and forward), then one token.
 - Cached blocks are tagged with the weight version that computed them: ``invalidate`` (after a weight load)
   drops every prefix hash, so no later request reuses K/V of older weights. Requests running across a load
   keep their own K/V (as SGLang does) but never publish blocks computed under mixed weights.
@@ -25,8 +26,10 @@ from gyre_hpc.train.model import quiet_megatron
 
 
 class PagedDecoder:
-    def __init__(self, model: torch.nn.Module, vocab_size: int, block_size: int, pool_tokens: int):
+    def __init__(self, model: torch.nn.Module, vocab_size: int, block_size: int, pool_tokens: int,
+                 prefill_chunk: int = 1024):
         self.model = model
+        self.prefill_chunk = prefill_chunk
         self.vocab_size = vocab_size
         self.blocks = BlockManager(-(-pool_tokens // block_size), block_size)
         self.store = cached_forward.KVStore(model, self.blocks.num_blocks, block_size)
@@ -50,14 +53,30 @@ class PagedDecoder:
         return seq.cached_tokens
 
     def step(self, batch: Sequence[tuple[str, Sequence[int]]]) -> np.ndarray:
-        """Logits ``[len(batch), vocab]`` after each request's tokens; computes the tokens without K/V."""
-        items = []
-        for rid, tokens in batch:
+        """Logits ``[len(batch), vocab]`` after each request's tokens; computes the tokens without K/V, in
+        forwards of at most ``prefill_chunk`` tokens per request (a long prompt's attention stays
+        ``chunk x context``, never ``context x context``)."""
+        todo = {}  # batch index -> (tokens, first position without K/V, table)
+        for i, (rid, tokens) in enumerate(batch):
             seq = self.blocks.seqs[rid]
-            items.append(cached_forward.Item(tokens[seq.computed:], seq.computed, list(seq.table)))
-        with quiet_megatron():
-            logits = cached_forward.forward(self.model, self.store, items)
-        return logits[:, : self.vocab_size].float().cpu().numpy()
+            todo[i] = (tokens, seq.computed, list(seq.table))
+        out = np.zeros((len(batch), self.vocab_size), dtype=np.float32)
+        while todo:
+            order = list(todo)
+            items = []
+            for i in order:
+                tokens, start, table = todo[i]
+                items.append(cached_forward.Item(tokens[start:start + self.prefill_chunk], start, table))
+            with quiet_megatron():
+                logits = cached_forward.forward(self.model, self.store, items)
+            for i, item, row in zip(order, items, logits):
+                tokens, start, table = todo.pop(i)
+                end = start + len(item.ids)
+                if end < len(tokens):
+                    todo[i] = (tokens, end, table)
+                else:
+                    out[i] = row[: self.vocab_size].float().cpu().numpy()
+        return out
 
     def commit(self, batch: Sequence[tuple[str, Sequence[int]]], version: str) -> None:
         """The tokens of ``batch`` now have K/V (requests released meanwhile are skipped)."""

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.megatron]
 
 MODEL = ModelConfig(kv_heads=2)  # grouped-query attention: 4 heads over 2 key/value groups
 PLAIN = EngineConfig(max_running_requests=4, context_len=256)
-CACHED = dataclasses.replace(PLAIN, kv_cache=True, kv_block_size=4, kv_pool_tokens=1024)
+CACHED = dataclasses.replace(PLAIN, kv_cache=True, kv_block_size=4, kv_pool_tokens=1024, kv_prefill_chunk=7)
 RNG = np.random.default_rng(7)
 SHARED = RNG.integers(0, 256, 21).tolist()  # a run's common prefix (5 full blocks of 4 and one token)
 PROMPTS = [SHARED + RNG.integers(0, 256, n).tolist() for n in (1, 3, 8)] + [RNG.integers(0, 256, n).tolist()
@@ -147,3 +147,43 @@ def test_the_cache_holds_the_models_dtype_and_kv_geometry(policy):
     store = cached_forward.KVStore(policy.model, num_blocks=3, block_size=8)
     assert store.k.shape == (MODEL.layers, 3, 8, 2, MODEL.hidden // MODEL.heads)
     assert store.k.dtype == torch.float32 and store.nbytes() == 2 * store.k.numel() * 4
+
+
+def test_a_full_pool_makes_the_next_request_wait_for_blocks_not_fail(policy):
+    a, b = RNG.integers(0, 256, 30).tolist(), RNG.integers(0, 256, 30).tolist()
+    want = _ids(_serve_rounds(Scheduler(policy, PLAIN), [[a, b]]))
+    tight = Scheduler(policy, dataclasses.replace(CACHED, kv_pool_tokens=64, kv_prefill_chunk=1024))
+    got = _serve_rounds(tight, [[a, b]])  # each needs 10 of the 16 blocks: b runs after a released its own
+    assert _ids(got) == want
+    assert tight.forward_calls == 2 * 10  # one request at a time: 10 ticks each, never both in one tick
+
+
+@pytest.mark.slow
+def test_a_16k_token_context_decodes_exactly_on_the_cache():
+    """A tiny model with RoPE positions past 16K: the cached engine's greedy tokens and logprobs equal the full
+    forward's (computed here with the fused causal kernel, the only way 16K x 16K attention fits)."""
+    from gyre_hpc.train.model import forward_logits
+
+    cfg = ModelConfig(max_seq_len=16640, attention="sdpa", kv_heads=2)
+    pol = MegatronPolicy(cfg, seed=0, threads=1)
+    prompt = RNG.integers(0, 256, 16400).tolist()
+    want, want_lp = [], []
+    with torch.inference_mode():
+        seq = list(prompt)
+        for _ in range(2):
+            row = forward_logits(pol.model, torch.tensor([seq]), torch.arange(len(seq)).unsqueeze(0), None)[0, -1]
+            lp = torch.log_softmax(row[: cfg.vocab_size].float(), -1)
+            want.append(int(lp.argmax()))
+            want_lp.append(float(lp.max()))
+            seq.append(want[-1])
+    engine = dataclasses.replace(CACHED, context_len=16640, kv_pool_tokens=16640, kv_block_size=16,
+                                 kv_prefill_chunk=2048)
+    sched = Scheduler(pol, engine)
+
+    async def main():
+        req = parse_generate({"input_ids": prompt, "return_logprob": True,
+                              "sampling_params": {"max_new_tokens": 2, "temperature": 0.0}}, cfg.vocab_size)
+        return await sched.generate(req)
+    got = asyncio.run(_with(sched, main))
+    assert got["output_ids"] == want
+    assert np.allclose([lp for lp, _, _ in got["meta_info"]["output_token_logprobs"]], want_lp, atol=1e-4)
