@@ -187,3 +187,20 @@ def test_a_16k_token_context_decodes_exactly_on_the_cache():
     got = asyncio.run(_with(sched, main))
     assert got["output_ids"] == want
     assert np.allclose([lp for lp, _, _ in got["meta_info"]["output_token_logprobs"]], want_lp, atol=1e-4)
+
+
+def test_the_http_flush_cache_empties_the_prefix_cache_and_server_info_shows_the_pool(policy):
+    from gyre_hpc.engines.local import LocalEngine
+
+    engine = LocalEngine(Scheduler(policy, CACHED), CACHED)
+
+    async def main():
+        await engine.s.generate(_request(PROMPTS[0], 2))
+        before = await engine.server_info()
+        flushed = await engine.flush_cache()
+        return before, flushed, await engine.server_info()
+    before, flushed, after = asyncio.run(_with(engine.s, main))
+    assert flushed.status_code == 200
+    # 22 prompt + 2 output tokens, K/V for 23 (the last token is never fed back): 5 full blocks of 4
+    assert before["kv_blocks_cached"] == 5 and after["kv_blocks_cached"] == 0
+    assert after["kv_blocks_free"] == after["kv_blocks"] == 256
