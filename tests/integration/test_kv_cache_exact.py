@@ -233,3 +233,34 @@ def test_the_proxy_counts_the_engines_prefix_hits_of_a_run_that_sticks_to_its_en
         handle.stop()
     assert stats["prompt_tokens"] == len(PROMPTS[0]) + len(context)
     assert stats["cached_tokens"] == 24  # the second call reuses 6 full blocks of 4 (25 of its 28 tokens had K/V)
+
+
+def test_the_cached_forward_reads_qwen_style_attention_from_the_models_config():
+    """q/k RMSNorm, a qkv bias and a head dim other than hidden/heads (Qwen3's kv_channels): the cache's geometry
+    and the forward follow the model's TransformerConfig."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from gyre_hpc.train.model import forward_logits, init_parallel, quiet_megatron, transformer_config
+
+    init_parallel()  # a no-op when another test built a model in this process
+    with quiet_megatron():
+        tc = dataclasses.replace(transformer_config(MODEL), qk_layernorm=True, add_qkv_bias=True, kv_channels=24,
+                                 mrope_section=[4, 4, 4])
+        torch.manual_seed(0)
+        model = GPTModel(config=tc, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm",
+                                                                                    qk_layernorm=True),
+                         vocab_size=256, max_sequence_length=512, position_embedding_type="mrope").eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "bias" in name or "layernorm" in name:  # away from their zero / one init, so they matter
+                p.add_(torch.randn_like(p) * 0.1)
+    a = RNG.integers(0, 256, 19).tolist()
+    mask = torch.triu(torch.ones(19, 19, dtype=torch.bool), 1).view(1, 1, 19, 19)
+    with torch.inference_mode(), quiet_megatron():
+        ref = forward_logits(model, torch.tensor([a]), torch.arange(19).unsqueeze(0), mask)[0, -1]
+        store = cached_forward.KVStore(model, 8, 4)
+        assert store.k.shape == (2, 8, 4, 2, 24)
+        cached_forward.forward(model, store, [cached_forward.Item(a[:11], 0, [0, 1, 2, 3, 4])])
+        got = cached_forward.forward(model, store, [cached_forward.Item(a[11:], 11, [0, 1, 2, 3, 4])])[0]
+    assert (got - ref).abs().max() <= 1e-4
