@@ -1,8 +1,9 @@
 """The local engine's decode on a paged KV cache: block bookkeeping (``kvcache``) plus K/V tensors and the cached
-forward (``cached_forward``), behind the four calls the scheduler makes.
+forward (``cached_forward``), behind the calls the scheduler makes.
 
 The scheduler calls ``admit`` when a request starts running (prefix hit + blocks for its whole length, or
-``KVPoolFull``: it keeps waiting), ``step`` for each tick (in a worker thread: the forward only), ``commit``
+``KVPoolFull``: it keeps waiting), ``plan`` then ``run`` for each tick (``run`` in a worker thread: the forward
+only, over a snapshot of the tables; an abort meanwhile only drops that request's row), ``commit``
 after the tick (on the event loop: the new tokens' blocks join the prefix cache), and ``release`` when it ends.
 
 Invariants
@@ -53,14 +54,23 @@ class PagedDecoder:
         return seq.cached_tokens
 
     def step(self, batch: Sequence[tuple[str, Sequence[int]]]) -> np.ndarray:
-        """Logits ``[len(batch), vocab]`` after each request's tokens; computes the tokens without K/V, in
-        forwards of at most ``prefill_chunk`` tokens per request (a long prompt's attention stays
-        ``chunk x context``, never ``context x context``)."""
-        todo = {}  # batch index -> (tokens, first position without K/V, table)
-        for i, (rid, tokens) in enumerate(batch):
+        """Logits ``[len(batch), vocab]`` after each request's tokens (``plan`` then ``run``)."""
+        return self.run(self.plan(batch))
+
+    def plan(self, batch: Sequence[tuple[str, Sequence[int]]]) -> list[tuple[Sequence[int], int, list[int]]]:
+        """A snapshot of each request's (tokens, first position without K/V, block table), taken on the thread
+        that owns the bookkeeping, so ``run`` in a worker thread never reads it while a request is released."""
+        plan = []
+        for rid, tokens in batch:
             seq = self.blocks.seqs[rid]
-            todo[i] = (tokens, seq.computed, list(seq.table))
-        out = np.zeros((len(batch), self.vocab_size), dtype=np.float32)
+            plan.append((list(tokens), seq.computed, list(seq.table)))
+        return plan
+
+    def run(self, plan: Sequence[tuple[Sequence[int], int, list[int]]]) -> np.ndarray:
+        """Compute the planned tokens without K/V, in forwards of at most ``prefill_chunk`` tokens per request
+        (a long prompt's attention stays ``chunk x context``, never ``context x context``)."""
+        todo = dict(enumerate(plan))  # batch index -> (tokens, first position without K/V, table)
+        out = np.zeros((len(plan), self.vocab_size), dtype=np.float32)
         while todo:
             order = list(todo)
             items = []

@@ -219,7 +219,7 @@ class Scheduler:
                 logits = await asyncio.to_thread(self.policy.next_token_logits, [r.tokens() for r in batch])
             else:
                 work = [(r.req.rid, r.tokens()) for r in batch]
-                logits = await asyncio.to_thread(self.kv.step, work)
+                logits = await asyncio.to_thread(self.kv.run, self.kv.plan(work))
                 self.kv.commit(work, version)
             if self.cfg.device_tick_s > 0:
                 floor = self.cfg.device_tick_s * (1.0 + len(batch) / self.cfg.device_half_load)

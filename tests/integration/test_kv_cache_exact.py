@@ -264,3 +264,29 @@ def test_the_cached_forward_reads_qwen_style_attention_from_the_models_config():
         cached_forward.forward(model, store, [cached_forward.Item(a[:11], 0, [0, 1, 2, 3, 4])])
         got = cached_forward.forward(model, store, [cached_forward.Item(a[11:], 11, [0, 1, 2, 3, 4])])[0]
     assert (got - ref).abs().max() <= 1e-4
+
+
+def test_an_abort_while_the_forward_runs_frees_the_request_and_the_others_are_unchanged(policy):
+    import threading
+
+    want = _ids(_serve_rounds(Scheduler(policy, PLAIN), [[PROMPTS[1]]]))[0][0]
+    sched = Scheduler(policy, CACHED)
+    started, go, forward = threading.Event(), threading.Event(), sched.kv.run
+
+    def held_forward(plan):  # the real forward, held until the test has aborted one request
+        started.set()
+        go.wait()
+        return forward(plan)
+    sched.kv.run = held_forward
+
+    async def main():
+        victim = asyncio.ensure_future(sched.generate(_request(PROMPTS[0], 10, rid="victim")))
+        other = asyncio.ensure_future(sched.generate(_request(PROMPTS[1], 10, rid="other")))
+        await asyncio.to_thread(started.wait)
+        assert sched.abort("victim") == 1 and "victim" not in sched.kv.blocks.seqs
+        go.set()
+        return await victim, await other
+    victim, other = asyncio.run(_with(sched, main))
+    assert victim["meta_info"]["finish_reason"]["type"] == "abort" and victim["output_ids"] == []
+    assert other["output_ids"] == want
+    assert not sched.kv.blocks.seqs and sched.kv.blocks.available() == sched.kv.blocks.num_blocks
