@@ -81,8 +81,8 @@ class Scheduler:
         self.generated_tokens = 0
         self.forward_calls = 0
         # engine.kv_cache: decode on a paged KV cache (gyre_hpc.engines.paged); None = recompute every tick
-        self.kv = policy.paged(cfg.kv_block_size, cfg.kv_pool_tokens,
-                                                              cfg.kv_prefill_chunk) if cfg.kv_cache else None
+        self.kv = (policy.paged(cfg.kv_block_size, cfg.kv_pool_tokens, cfg.kv_prefill_chunk)
+                   if cfg.kv_cache else None)
 
     # ------------------------------------------------------------------------------------------ requests
     def submit(self, req: GenerateRequest) -> asyncio.Future:
