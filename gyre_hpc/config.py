@@ -293,11 +293,24 @@ class EngineConfig:
               "simulator's workload.half_load for the same engine).")
     http: HttpConfig = param(HttpConfig(), "HTTP limits of the local engine's listener.")
 
+    kv_cache: bool = param(
+        False, "Local engine: decode on a paged KV cache (prefix cache of hashed full blocks, LRU eviction) instead "
+               "of recomputing every sequence each tick. Same greedy tokens either way.")
+    kv_block_size: int = param(16, "Local engine, kv_cache: tokens per KV block (the prefix cache's unit).")
+    kv_pool_tokens: int = param(
+        65536, "Local engine, kv_cache: tokens the KV pool holds (rounded up to whole blocks). A request is "
+               "admitted with blocks for prompt + max_new_tokens; when the pool is short it waits, and one that "
+               "could never fit is refused with 503.")
+    kv_prefill_chunk: int = param(1024, "Local engine, kv_cache: most prompt tokens of one request per forward "
+                                        "(long prompts prefill in chunks: attention memory chunk x context).")
+
     def check(self) -> None:
         for key in ("max_running_requests", "max_waiting_requests", "context_len", "default_max_new_tokens",
                     "torch_threads"):
             require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         require(1 <= self.port_base <= 65535, "port_base", f"must be a TCP port, got {self.port_base}")
+        for key in ("kv_block_size", "kv_pool_tokens", "kv_prefill_chunk"):
+            require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         require(self.connect_retries >= 0, "connect_retries", f"must be >= 0, got {self.connect_retries}")
         require(self.max_restarts >= 0, "max_restarts", f"must be >= 0, got {self.max_restarts}")
         require(self.device_tick_s >= 0, "device_tick_s", f"must be >= 0, got {self.device_tick_s}")

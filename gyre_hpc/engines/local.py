@@ -203,6 +203,8 @@ class LocalEngine:
     # ------------------------------------------------------------------------------------------- status
     async def flush_cache(self):
         ok = not self.s.busy()
+        if ok:
+            self.s.flush_kv()
         text = "Cache flushed.\n" if ok else "Cache not flushed: there are running or waiting requests.\n"
         return Response(content=text, status_code=200 if ok else 400)
 
@@ -232,7 +234,7 @@ class LocalEngine:
                 "vocab_size": self.s.policy.vocab_size, "paused": self.s.paused, "memory_released": sorted(self.s.released),
                 "num_running_reqs": running,
                 "num_waiting_reqs": waiting, "generated_tokens": self.s.generated_tokens,
-                "forward_calls": self.s.forward_calls}
+                "forward_calls": self.s.forward_calls, **(self.s.kv.stats() if self.s.kv is not None else {})}
 
     async def loads(self):
         running, waiting, used = self.s.loads()

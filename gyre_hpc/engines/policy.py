@@ -87,6 +87,12 @@ class MegatronPolicy:
         last = logits[torch.arange(b, device=d), (lengths - 1).to(d)]
         return last[:, : self.vocab_size].float().cpu().numpy()
 
+    def paged(self, block_size: int, pool_tokens: int, prefill_chunk: int = 1024):
+        """A ``PagedDecoder`` over this model's live parameters (weight loads are seen by it)."""
+        from gyre_hpc.engines.paged import PagedDecoder
+
+        return PagedDecoder(self.model, self.vocab_size, block_size, pool_tokens, prefill_chunk)
+
     def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
         own = self.state()
         missing = sorted(set(own) - set(state))

@@ -301,14 +301,15 @@ def finish_abort(message: str = "aborted") -> dict:
 
 
 def generate_response(rid: str, prompt_tokens: int, output_ids: Sequence[int], logprobs: Sequence[float] | None,
-                      versions: Sequence[str], current_version: str, finish: dict, e2e_latency: float) -> dict:
+                      versions: Sequence[str], current_version: str, finish: dict, e2e_latency: float,
+                      cached_tokens: int = 0) -> dict:
     """The ``/generate`` answer, shaped as SGLang's (``text`` is empty: token ids in, token ids out)."""
     meta = {
         "id": rid,
         "finish_reason": finish,
         "prompt_tokens": prompt_tokens,
         "completion_tokens": len(output_ids),
-        "cached_tokens": 0,
+        "cached_tokens": cached_tokens,
         "weight_version": versions[-1] if versions else current_version,
         "weight_versions": version_spans(versions),
         "e2e_latency": e2e_latency,

@@ -6,7 +6,11 @@ a stop token, EOS, or their length. HTTP handlers (abort, pause, loads, weight u
 between ticks, so request state is only ever touched by one thread.
 
 States of a request: waiting → running → finished (length | stop | abort); ``retract`` moves running back to the
-front of the waiting queue with its tokens kept (there is no KV cache to lose).
+front of the waiting queue with its tokens kept (and its KV blocks, with ``engine.kv_cache``).
+
+With ``engine.kv_cache`` the tick runs on a paged KV cache (``gyre_hpc.engines.paged``): a request gets its blocks
+when it starts running (a prefix hit counts as ``meta_info.cached_tokens``); when the pool is short the head of the
+queue waits; a weight load drops the prefix cache.
 
 Invariants
 - A tick and a weight load never overlap (one ``asyncio.Lock``), and every output token records the weight
@@ -55,6 +59,7 @@ class _Running:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[str] = field(default_factory=list)
+    cached_tokens: int = 0
 
     def tokens(self) -> list[int]:
         return [*self.req.input_ids, *self.output_ids]
@@ -75,6 +80,9 @@ class Scheduler:
         self._seeds = np.random.SeedSequence(seed)
         self.generated_tokens = 0
         self.forward_calls = 0
+        # engine.kv_cache: decode on a paged KV cache (gyre_hpc.engines.paged); None = recompute every tick
+        self.kv = (policy.paged(cfg.kv_block_size, cfg.kv_pool_tokens, cfg.kv_prefill_chunk)
+                   if cfg.kv_cache else None)
 
     # ------------------------------------------------------------------------------------------ requests
     def submit(self, req: GenerateRequest) -> asyncio.Future:
@@ -88,6 +96,8 @@ class Scheduler:
         if room < 1:
             raise ProtocolError("input_ids", f"{len(req.input_ids)} tokens do not fit the context length "
                                              f"{self.cfg.context_len} (at least one output token)")
+        if self.kv is not None:
+            self.kv.check_fits(len(req.input_ids) + min(req.sampling.max_new_tokens, room))
         if len(self.waiting) >= self.cfg.max_waiting_requests:
             raise EngineError(f"engine overloaded: {len(self.waiting)} requests waiting", status=503)
         seed = req.sampling.sampling_seed
@@ -112,6 +122,8 @@ class Scheduler:
 
     def _finish(self, r: _Running, finish: dict) -> None:
         self._active.pop(r.req.rid, None)
+        if self.kv is not None:
+            self.kv.release(r.req.rid)
         if r in self.running:
             self.running.remove(r)
         elif r in self.waiting:
@@ -119,7 +131,7 @@ class Scheduler:
         if not r.future.done():
             r.future.set_result(generate_response(
                 r.req.rid, len(r.req.input_ids), r.output_ids, r.logprobs if r.req.return_logprob else None,
-                r.versions, self.version, finish, time.perf_counter() - r.t0))
+                r.versions, self.version, finish, time.perf_counter() - r.t0, r.cached_tokens))
 
     # ------------------------------------------------------------------------------------------- control
     async def pause(self, mode: str) -> None:
@@ -145,6 +157,8 @@ class Scheduler:
         """Load ``state`` between two ticks; the next tick's tokens carry ``version`` (when given)."""
         async with self._lock:
             await asyncio.to_thread(self.policy.load_weights, state)
+            if self.kv is not None:
+                self.kv.invalidate()  # cached K/V belong to the weights that computed them
             if version is not None:
                 self.version = version
 
@@ -193,13 +207,20 @@ class Scheduler:
 
     async def _tick(self) -> None:
         while self.waiting and len(self.running) < self.cfg.max_running_requests:
+            if self.kv is not None and not self._admit_kv(self.waiting[0]):
+                break  # the KV pool is short: the head waits for running requests to release blocks
             self.running.append(self.waiting.popleft())
         async with self._lock:
             batch, version = list(self.running), self.version
             if not batch:
                 return
             t0 = time.perf_counter()
-            logits = await asyncio.to_thread(self.policy.next_token_logits, [r.tokens() for r in batch])
+            if self.kv is None:
+                logits = await asyncio.to_thread(self.policy.next_token_logits, [r.tokens() for r in batch])
+            else:
+                work = [(r.req.rid, r.tokens()) for r in batch]
+                logits = await asyncio.to_thread(self.kv.run, self.kv.plan(work))
+                self.kv.commit(work, version)
             if self.cfg.device_tick_s > 0:
                 floor = self.cfg.device_tick_s * (1.0 + len(batch) / self.cfg.device_half_load)
                 await asyncio.sleep(floor - (time.perf_counter() - t0))
@@ -207,6 +228,23 @@ class Scheduler:
             for r, row in zip(batch, logits):
                 if r.req.rid in self._active and self._active[r.req.rid] is r:
                     self._advance(r, row, version)
+
+    def _admit_kv(self, r: _Running) -> bool:
+        """Give ``r`` its KV blocks (prefix hit + room for its whole length); False when the pool is short."""
+        from gyre_hpc.engines.kvcache import KVPoolFull
+
+        try:
+            r.cached_tokens = self.kv.admit(r.req.rid, r.tokens(), len(r.req.input_ids) + r.max_new, self.version)
+        except KVPoolFull as e:
+            if not self.running:  # nothing will release blocks: answer rather than wait forever
+                self._finish(r, finish_abort(str(e)))
+            return False
+        return True
+
+    def flush_kv(self) -> None:
+        """``/flush_cache``: forget the prefix cache (the caller checked ``busy()``)."""
+        if self.kv is not None:
+            self.kv.flush()
 
     def _advance(self, r: _Running, row: np.ndarray, version: str) -> None:
         sp = r.req.sampling

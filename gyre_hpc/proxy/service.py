@@ -82,7 +82,9 @@ class ProxyService(EngineAdmin):
         self._calls: dict[str, _Call] = {}  # harness rid -> call
         self._keys = itertools.count()
         self._wake = asyncio.Event()
-        self.counts = {"calls_done": 0, "moves": 0, "calls_lost": 0, "calls_late": 0, "outcomes_recovered": 0}
+        # prompt_tokens / cached_tokens: summed over engine answers (meta_info), the prefix cache's hit rate
+        self.counts = {"calls_done": 0, "moves": 0, "calls_lost": 0, "calls_late": 0, "outcomes_recovered": 0,
+                       "prompt_tokens": 0, "cached_tokens": 0}
         self._runs_moved: set[str] = set()
         self._runs_lost: set[str] = set()
 
@@ -184,6 +186,8 @@ class ProxyService(EngineAdmin):
         exc = r.task.exception()
         if exc is None:
             seg = Segment.of(eng.name, r.task.result())
+            self.counts["prompt_tokens"] += r.task.result().prompt_tokens
+            self.counts["cached_tokens"] += r.task.result().cached_tokens
             if not seg.aborted or call.harness_abort:
                 call.segments.append(seg)
                 return None

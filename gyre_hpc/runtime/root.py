@@ -300,6 +300,8 @@ def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollou
         "calls_late": proxy.get("calls_late", 0), "outcomes_recovered": proxy.get("outcomes_recovered", 0),
         "runs_moved": proxy.get("runs_moved"),
         "calls_moved": proxy.get("moves"), "groups_cut_at_stop": end.get("groups_cut", 0),
+        "prefix_hit_rate": (round(proxy["cached_tokens"] / proxy["prompt_tokens"], 4)
+                            if proxy.get("prompt_tokens") else None),  # engines' cached_tokens / prompt tokens
         "engine_deaths": events.count("engine_died"), "engine_restarts": events.count("engine_restarted"),
         "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
         "staleness_mean": (sum(s["staleness_mean"] * s["lag_tokens"] for s in steps) / lag_tokens
