@@ -17,7 +17,7 @@ from gyre_hpc.engines.launch import free_port, start_local_engine
 from gyre_hpc.engines.weights import save_weights, weights_checksum
 from gyre_hpc.errors import EngineError
 
-pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.megatron, pytest.mark.slow]
 
 MODEL = ModelConfig()  # vocab 256, hidden 64, 2 layers: the embedded CPU default
 ENGINE = EngineConfig(max_running_requests=8, context_len=256, startup_timeout_s=180.0, request_timeout_s=120.0)
