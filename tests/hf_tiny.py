@@ -24,8 +24,8 @@ def _corpus(n: int = 2000) -> list[str]:
     letters = "abcdefghijklmnopqrstuvwxyz_"
     lines = []
     for i in range(n):
-        toks = [rng.choice(words) if rng.random() < 0.3 else "".join(rng.choice(letters) for _ in range(rng.randint(2, 7)))
-                for _ in range(rng.randint(5, 15))]
+        toks = [rng.choice(words) if rng.random() < 0.3
+                else "".join(rng.choice(letters) for _ in range(rng.randint(2, 7))) for _ in range(rng.randint(5, 15))]
         lines.append(" ".join(toks) + f" = {rng.randint(0, 999)}")
     return lines
 

@@ -7,7 +7,8 @@ the engine reads (``engine``, ``model``, ``run.seed``); ``start_engine`` picks t
 Invariants
 - ``start_*`` returns only a ready engine: it waits on ``/health`` up to ``engine.startup_timeout_s``; when the
   process exits or the time runs out it stops the process and raises ``EngineError`` with the log's tail.
-- ``EngineHandle.stop()`` ends exactly the process it started, by PID: SIGTERM, then SIGKILL after a grace period.
+- ``EngineHandle.stop()`` ends exactly the process it started, by PID: SIGTERM, then SIGKILL after a grace period;
+  an SGLang server runs in its own process group, and stop() ends that group (its scheduler and detokenizer too).
 - An engine never inherits the caller's torch.distributed rendezvous variables (``DIST_ENV``): started from a
   trainer process it still forms its own one-process world.
 - ``start_engine_on_free_port`` retries on another free port only when the engine could not bind its port
@@ -18,6 +19,7 @@ Invariants
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -54,6 +56,7 @@ class EngineHandle:
     process: subprocess.Popen
     log_path: Path
     name: str = "engine"
+    group: bool = False  # the engine leads its own process group (SGLang: scheduler, detokenizer), stopped whole
 
     @property
     def pid(self) -> int:
@@ -73,14 +76,20 @@ class EngineHandle:
             return ""
 
     def stop(self, grace_s: float = 10.0) -> int:
-        """SIGTERM the engine's PID, SIGKILL it after ``grace_s``; returns its exit status."""
+        """SIGTERM the engine's PID (its process group when ``group``), SIGKILL after ``grace_s``; returns its exit
+        status. With ``group``, members still left once the leader has exited are SIGKILLed (an SGLang server
+        stopped while it starts can leave its detokenizer behind)."""
+        kill = (lambda sig: os.killpg(self.pid, sig)) if self.group else (lambda sig: os.kill(self.pid, sig))
         if self.alive():
-            os.kill(self.pid, signal.SIGTERM)
+            kill(signal.SIGTERM)
             try:
                 self.process.wait(grace_s)
             except subprocess.TimeoutExpired:
-                os.kill(self.pid, signal.SIGKILL)
+                kill(signal.SIGKILL)
                 self.process.wait()
+        if self.group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
         return self.process.returncode
 
     def wait_ready(self, timeout_s: float) -> None:
@@ -112,7 +121,7 @@ def ignore_preemption_signal() -> None:
 
 
 def _spawn(cmd: list[str], url: str, log_path: Path | None, timeout_s: float, name: str = "engine",
-           env_extra: dict[str, str] | None = None) -> EngineHandle:
+           env_extra: dict[str, str] | None = None, group: bool = False) -> EngineHandle:
     if log_path is None:
         fd, name = tempfile.mkstemp(prefix="gyre-engine-", suffix=".log")
         os.close(fd)
@@ -122,8 +131,8 @@ def _spawn(cmd: list[str], url: str, log_path: Path | None, timeout_s: float, na
     env = {k: v for k, v in os.environ.items() if k not in DIST_ENV} | (env_extra or {})
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                preexec_fn=ignore_preemption_signal)
-    handle = EngineHandle(url, proc, Path(log_path), name)
+                                preexec_fn=ignore_preemption_signal, start_new_session=group)
+    handle = EngineHandle(url, proc, Path(log_path), name, group)
     handle.wait_ready(timeout_s)
     return handle
 
@@ -210,4 +219,4 @@ def start_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0
     url = f"http://{engine_cfg.host}:{port}"
     device = sglang_device(engine_cfg)
     return _spawn(sglang_command(engine_cfg, port, device), url, Path(log_path) if log_path else None,
-                  engine_cfg.startup_timeout_s, f"{name} (sglang on {device})", sglang_env(device))
+                  engine_cfg.startup_timeout_s, f"{name} (sglang on {device})", sglang_env(device), group=True)

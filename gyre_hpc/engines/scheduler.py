@@ -2,8 +2,8 @@
 
 Each decode tick admits waiting requests (FIFO) up to ``max_running_requests``, runs ONE forward over all running
 requests (``Policy.next_token_logits``, padded, causal), samples one token for each, and finishes those that hit
-a stop token, EOS (neither with ignore_eos, as SGLang), or their length. HTTP handlers (abort, pause, loads, weight updates) run on the same event loop
-between ticks, so request state is only ever touched by one thread.
+a stop token, EOS (neither with ignore_eos, as SGLang), or their length. HTTP handlers (abort, pause, loads,
+weight updates) run on the same event loop between ticks, so request state is only ever touched by one thread.
 
 States of a request: waiting → running → finished (length | stop | abort); ``retract`` moves running back to the
 front of the waiting queue with its tokens kept (there is no KV cache to lose).
