@@ -32,7 +32,7 @@ def test_a_model_directory_without_weights_fails_with_the_cell_name_and_the_serv
     message = str(err.value)
     assert re.match(r"cell3 \(sglang on (cpu|cuda)\) at http://127\.0\.0\.1:\d+ exited with", message)
     tail = log.read_text(errors="replace").strip().splitlines()[-1]
-    assert tail in message  # the log's last line is shown
+    assert tail in message and "Cannot find any model weights" in message  # the log's tail is shown, with the cause
 
 
 def test_a_model_path_that_is_not_a_directory_is_refused_before_anything_starts(tmp_path):
