@@ -224,3 +224,12 @@ def test_sglang_on_cpu_gets_the_cpu_device_env_and_a_bounded_kv_cache():
     assert sglang_env("cpu") == {"SGLANG_USE_CPU_ENGINE": "1"} and sglang_env("cuda") == {}
     sized = sglang_command(EngineConfig(kind="sglang", model_path="/m", max_total_tokens=999), 30001, "cuda")
     assert sized[sized.index("--max-total-tokens") + 1] == "999" and "--device" not in sized
+
+
+def test_client_reads_both_error_shapes_sglang_and_local_engine_answer_with():
+    import httpx
+
+    from gyre_hpc.engines.client import _error_message
+
+    assert _error_message(httpx.Response(400, json={"error": "unknown field `knob`"})) == "unknown field `knob`"
+    assert _error_message(httpx.Response(400, json={"error": {"message": "input_ids: bad"}})) == "input_ids: bad"
