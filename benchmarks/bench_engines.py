@@ -81,7 +81,7 @@ def main() -> None:
     from hf_tiny import make_tiny_qwen3
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-engines-"))
-    context = args.prompt_len + args.max_new_tokens
+    context = args.prompt_len + args.max_new_tokens + 16  # with exactly prompt + max_new, SGLang gave 62 of 64
     common = dict(max_running_requests=max(CONCURRENCY), context_len=context, startup_timeout_s=900.0)
     local_cfg = EngineConfig(**common)
     sglang_cfg = EngineConfig(kind="sglang", model_path=str(make_tiny_qwen3(tmp / "qwen3-tiny")), **common)
