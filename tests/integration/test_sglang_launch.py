@@ -3,6 +3,7 @@ showing the tail of the server's log, and leaves no process behind."""
 from __future__ import annotations
 
 import re
+import socket
 import sys
 from pathlib import Path
 
@@ -38,3 +39,19 @@ def test_a_model_directory_without_weights_fails_with_the_cell_name_and_the_serv
 def test_a_model_path_that_is_not_a_directory_is_refused_before_anything_starts(tmp_path):
     with pytest.raises(EngineError, match=r"cell1 \(sglang\).*is not a directory"):
         start_engine(_cfg(tmp_path / "missing"), ModelConfig(), port=free_port(), name="cell1")
+
+
+def test_a_port_in_use_fails_with_the_cell_name_and_the_bind_error(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from hf_tiny import make_tiny_qwen3
+
+    model = make_tiny_qwen3(tmp_path / "model")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(EngineError) as err:
+            start_engine(_cfg(model), ModelConfig(), port=port, log_path=tmp_path / "engine.log", name="cell4")
+    message = str(err.value)
+    assert message.startswith("cell4 (sglang on ") and f":{port} " in message
+    assert "address already in use" in message
