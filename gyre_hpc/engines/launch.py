@@ -12,7 +12,8 @@ Invariants
 - An engine never inherits the caller's torch.distributed rendezvous variables (``DIST_ENV``): started from a
   trainer process it still forms its own one-process world.
 - ``start_engine_on_free_port`` retries on another free port only when the engine could not bind its port
-  (another process took it between ``free_port`` and the bind); any other failure raises at once.
+  (another process took it between ``free_port`` and the bind); any other failure raises at once. A failed bind
+  is read from the log (``PORT_TAKEN``) and fails the start at once, also when the process does not exit.
 - An engine that cannot start raises ``EngineError`` naming it (``name``, e.g. the cell, and its kind) with the tail
   of its log; SGLang on a CPU (``engine.device`` cpu, or auto without CUDA) runs with ``SGLANG_USE_CPU_ENGINE=1``,
   ``--device cpu`` and a bounded ``--max-total-tokens``.
@@ -57,6 +58,7 @@ class EngineHandle:
     log_path: Path
     name: str = "engine"
     group: bool = False  # the engine leads its own process group (SGLang: scheduler, detokenizer), stopped whole
+    log_start: int = 0  # size of the log before this start (a log file can be shared by successive starts)
 
     @property
     def pid(self) -> int:
@@ -72,6 +74,14 @@ class EngineHandle:
     def log_tail(self, lines: int = 20) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def _log_since_start(self) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_start)
+                return f.read().decode(errors="replace")
         except OSError:
             return ""
 
@@ -101,6 +111,10 @@ class EngineHandle:
                                       f"was ready; log {self.log_path}:\n{self.log_tail()}")
                 if client.health(timeout=2.0):
                     return
+                if PORT_TAKEN in self._log_since_start():  # SGLang logs the failed bind, then hangs in shutdown
+                    self.stop()
+                    raise EngineError(f"{self.name} at {self.url} could not bind its port; log {self.log_path}:\n"
+                                      f"{self.log_tail()}")
                 time.sleep(0.2)
         self.stop()
         raise EngineError(f"{self.name} at {self.url} not ready after {timeout_s:.0f} s; log {self.log_path}:\n"
@@ -130,9 +144,10 @@ def _spawn(cmd: list[str], url: str, log_path: Path | None, timeout_s: float, na
     # the engine is a world of its own: it must not join (or collide with) the caller's torch.distributed world
     env = {k: v for k, v in os.environ.items() if k not in DIST_ENV} | (env_extra or {})
     with open(log_path, "ab") as log:
+        log_start = log.tell()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 preexec_fn=ignore_preemption_signal, start_new_session=group)
-    handle = EngineHandle(url, proc, Path(log_path), name, group)
+    handle = EngineHandle(url, proc, Path(log_path), name, group, log_start)
     handle.wait_ready(timeout_s)
     return handle
 
@@ -200,7 +215,7 @@ def start_engine_on_free_port(engine_cfg: EngineConfig, model_cfg: ModelConfig, 
             return start_engine(engine_cfg, model_cfg, seed, port=free_port(engine_cfg.host), log_path=log_path,
                                 name=name)
         except EngineError as exc:
-            if PORT_TAKEN not in str(exc).splitlines()[-1] or attempt == tries:
+            if PORT_TAKEN not in str(exc) or attempt == tries:
                 raise
 
 
