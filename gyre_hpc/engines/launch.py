@@ -137,9 +137,9 @@ def ignore_preemption_signal() -> None:
 def _spawn(cmd: list[str], url: str, log_path: Path | None, timeout_s: float, name: str = "engine",
            env_extra: dict[str, str] | None = None, group: bool = False) -> EngineHandle:
     if log_path is None:
-        fd, name = tempfile.mkstemp(prefix="gyre-engine-", suffix=".log")
+        fd, tmp = tempfile.mkstemp(prefix="gyre-engine-", suffix=".log")
         os.close(fd)
-        log_path = Path(name)
+        log_path = Path(tmp)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     # the engine is a world of its own: it must not join (or collide with) the caller's torch.distributed world
     env = {k: v for k, v in os.environ.items() if k not in DIST_ENV} | (env_extra or {})
