@@ -276,6 +276,12 @@ class EngineConfig:
     request_timeout_s: float = param(600.0, "Client read timeout for one engine call, in seconds.")
     connect_retries: int = param(3, "Client retries of a refused or dropped connection (never of an answered call).")
     sglang_args: tuple[str, ...] = param((), "Extra command-line arguments for sglang.launch_server (kind sglang).")
+    device: Literal["auto", "cpu", "cuda"] = param(
+        "auto", "Device of an SGLang engine (kind sglang): auto = cuda when torch sees a GPU, else cpu (then "
+                "SGLANG_USE_CPU_ENGINE=1 and --device cpu; needs `bash scripts/setup.sh --sglang`).")
+    max_total_tokens: int | None = param(
+        None, "KV-cache tokens of an SGLang engine (--max-total-tokens); null = max_running_requests x context_len "
+              "on cpu (SGLang's own choice there takes most of the machine's memory), SGLang's choice on cuda.")
     max_restarts: int = param(3, "Times a rollout cell restarts its engine after the process died on its own; "
                                  "at one more death the cell gives up (CellFailed, the allocator marks it LOST).")
     sleep_in_training: bool = param(
@@ -319,6 +325,8 @@ class EngineConfig:
             require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
         require(self.initial_weight_version != "", "initial_weight_version", "must not be empty")
         require(self.eos_token_id is None or self.eos_token_id >= 0, "eos_token_id", f"must be >= 0, got {self.eos_token_id}")
+        require(self.max_total_tokens is None or self.max_total_tokens >= 1, "max_total_tokens",
+                f"must be >= 1, got {self.max_total_tokens}")
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,11 @@
 # Install everything gyre_hpc needs on a fresh Debian machine (as root): Debian packages for Mooncake
 # (libibverbs1), SLURM/munge/PMIx/Open MPI (via scripts/local-slurm.sh install), then the Python package with
 # all backends. torch is pinned to the CPU wheel 2.13.0 so no multi-GB CUDA build is pulled.
+# `bash scripts/setup.sh --sglang` installs only SGLang (and its CPU stubs) into the active environment
+# (scripts/setup_sglang.sh); run it after the plain setup.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--sglang" ]; then exec bash scripts/setup_sglang.sh; fi
 export DEBIAN_FRONTEND=noninteractive
 if ! dpkg -s libibverbs1 >/dev/null 2>&1; then
   apt-get update -qq

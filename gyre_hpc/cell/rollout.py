@@ -70,7 +70,7 @@ class RolloutSide:
         self.starts += 1
         logs = self.run_dir / "cells" / f"cell{self.cell}"
         self.handle = start_engine_on_free_port(engine, self.cfg.model, seed=self.cfg.run.seed,
-                                                log_path=logs / f"engine-{self.starts}.log")
+                                                log_path=logs / f"engine-{self.starts}.log", name=f"cell{self.cell}")
         self.client = self.handle.client(timeout=engine.request_timeout_s)
         self.version = int(self.client.weight_version())
         t1 = time.perf_counter()

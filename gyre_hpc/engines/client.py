@@ -95,6 +95,8 @@ def _error_message(resp: httpx.Response) -> str:
         err = body.get("error")
         if isinstance(err, dict) and "message" in err:
             return str(err["message"])
+        if isinstance(err, str):  # SGLang's answer to a body it cannot parse: {"error": "unknown field ..."}
+            return err
         if "message" in body:
             return str(body["message"])
         if "detail" in body:

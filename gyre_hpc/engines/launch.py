@@ -8,13 +8,18 @@ Invariants
 - ``start_*`` returns only a ready engine: it waits on ``/health`` up to ``engine.startup_timeout_s``; when the
   process exits or the time runs out it stops the process and raises ``EngineError`` with the log's tail.
 - ``EngineHandle.stop()`` ends exactly the process group it started (``children.stop``): SIGTERM, then SIGKILL
-  after a grace period. A started engine dies with the process that started it (``children.spawn``).
+  after a grace period, to the group again, so no grandchild is left (an SGLang server stopped while it starts
+  leaves its detokenizer otherwise). A started engine dies with the process that started it (``children.spawn``).
 - The job secret reaches the engine through its environment only; SGLang gets it as ``api-key`` in a 0600
   config file (``--config``), never on its command line.
 - An engine never inherits the caller's torch.distributed rendezvous variables (``DIST_ENV``): started from a
   trainer process it still forms its own one-process world.
 - ``start_engine_on_free_port`` retries on another free port only when the engine could not bind its port
-  (another process took it between ``free_port`` and the bind); any other failure raises at once.
+  (another process took it between ``free_port`` and the bind); any other failure raises at once. A failed bind
+  is read from the log (``PORT_TAKEN``) and fails the start at once, also when the process does not exit.
+- An engine that cannot start raises ``EngineError`` naming it (``name``, e.g. the cell, and its kind) with the tail
+  of its log; SGLang on a CPU (``engine.device`` cpu, or auto without CUDA) runs with ``SGLANG_USE_CPU_ENGINE=1``,
+  ``--device cpu`` and a bounded ``--max-total-tokens``.
 """
 from __future__ import annotations
 
@@ -55,6 +60,8 @@ class EngineHandle:
     url: str
     process: subprocess.Popen
     log_path: Path
+    name: str = "engine"
+    log_start: int = 0  # size of the log before this start (a log file can be shared by successive starts)
 
     @property
     def pid(self) -> int:
@@ -73,6 +80,14 @@ class EngineHandle:
         except OSError:
             return ""
 
+    def _log_since_start(self) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_start)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
     def stop(self, grace_s: float = 10.0) -> int:
         """SIGTERM the engine's process group, SIGKILL it after ``grace_s``; returns the engine's exit status."""
         return children.stop(self.process, grace_s)
@@ -82,13 +97,17 @@ class EngineHandle:
         with EngineClient(self.url, connect_retries=0) as client:
             while time.monotonic() < deadline:
                 if not self.alive():
-                    raise EngineError(f"engine at {self.url} exited with {self.process.returncode} before it was "
-                                      f"ready; log {self.log_path}:\n{self.log_tail()}")
+                    raise EngineError(f"{self.name} at {self.url} exited with {self.process.returncode} before it "
+                                      f"was ready; log {self.log_path}:\n{self.log_tail()}")
                 if client.health(timeout=2.0):
                     return
+                if PORT_TAKEN in self._log_since_start():  # SGLang logs the failed bind, then hangs in shutdown
+                    self.stop()
+                    raise EngineError(f"{self.name} at {self.url} could not bind its port; log {self.log_path}:\n"
+                                      f"{self.log_tail()}")
                 time.sleep(0.2)
         self.stop()
-        raise EngineError(f"engine at {self.url} not ready after {timeout_s:.0f} s; log {self.log_path}:\n"
+        raise EngineError(f"{self.name} at {self.url} not ready after {timeout_s:.0f} s; log {self.log_path}:\n"
                           f"{self.log_tail()}")
 
     def __enter__(self) -> "EngineHandle":
@@ -98,24 +117,26 @@ class EngineHandle:
         self.stop()
 
 
-def _spawn(cmd: list[str], url: str, log_path: Path | None, timeout_s: float) -> EngineHandle:
+def _spawn(cmd: list[str], url: str, log_path: Path | None, timeout_s: float, name: str = "engine",
+           env_extra: dict[str, str] | None = None) -> EngineHandle:
     if log_path is None:
-        fd, name = tempfile.mkstemp(prefix="gyre-engine-", suffix=".log")
+        fd, tmp = tempfile.mkstemp(prefix="gyre-engine-", suffix=".log")
         os.close(fd)
-        log_path = Path(name)
+        log_path = Path(tmp)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     # the engine is a world of its own: it must not join (or collide with) the caller's torch.distributed world
-    env = children.child_env(drop=DIST_ENV)
+    env = children.child_env(drop=DIST_ENV) | (env_extra or {})
     with open(log_path, "ab") as log:
+        log_start = log.tell()
         proc = children.spawn(cmd, log, env)
-    handle = EngineHandle(url, proc, Path(log_path))
+    handle = EngineHandle(url, proc, Path(log_path), name, log_start=log_start)
     handle.wait_ready(timeout_s)
     return handle
 
 
 def start_local_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0, index: int = 0,
                        port: int | None = None, log_path: str | Path | None = None,
-                       config_dir: str | Path | None = None) -> EngineHandle:
+                       config_dir: str | Path | None = None, name: str = "engine") -> EngineHandle:
     """Start the local engine on ``port`` (default ``engine.port_base + index``) and wait until it is healthy."""
     port = port if port is not None else engine_cfg.port_base + index
     cfg = GyreConfig(run=RunConfig(seed=seed), engine=engine_cfg, model=model_cfg)
@@ -125,7 +146,8 @@ def start_local_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: i
     cmd = [sys.executable, "-m", "gyre_hpc.engines.local", "--host", engine_cfg.host, "--port", str(port),
            "--config", str(config_path)]
     url = f"http://{engine_cfg.host}:{port}"
-    return _spawn(cmd, url, Path(log_path) if log_path else None, engine_cfg.startup_timeout_s)
+    return _spawn(cmd, url, Path(log_path) if log_path else None, engine_cfg.startup_timeout_s,
+                  f"{name} (local engine)")
 
 
 def sglang_secret_config(directory: str | Path, port: int) -> Path:
@@ -139,17 +161,41 @@ def sglang_secret_config(directory: str | Path, port: int) -> Path:
     return path
 
 
-def sglang_command(engine_cfg: EngineConfig, port: int, config_path: str | Path | None = None) -> list[str]:
-    """``sglang.launch_server`` for ``engine.model_path`` (an HF-format model directory), token ids in/out;
+def sglang_device(engine_cfg: EngineConfig) -> str:
+    """``engine.device``, with ``auto`` resolved: cuda when torch sees a GPU, else cpu."""
+    if engine_cfg.device != "auto":
+        return engine_cfg.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def sglang_command(engine_cfg: EngineConfig, port: int, device: str = "cuda",
+                   config_path: str | Path | None = None) -> list[str]:
+    """``sglang.launch_server`` for ``engine.model_path`` (an HF-format model directory), token ids in/out; on
+    ``device`` cpu with ``--device cpu`` and ``--max-total-tokens`` (default max_running_requests x context_len);
     ``config_path`` (``sglang_secret_config``) carries the API key."""
     if engine_cfg.model_path is None:
         raise EngineError("engine.kind=sglang needs engine.model_path (an HF-format model directory)")
     secret = ["--config", str(config_path)] if config_path is not None else []
-    return [sys.executable, "-m", "sglang.launch_server", *secret, "--model-path", engine_cfg.model_path,
-            "--host", engine_cfg.host, "--port", str(port), "--skip-tokenizer-init",
-            "--max-running-requests", str(engine_cfg.max_running_requests),
-            "--context-length", str(engine_cfg.context_len),
-            "--weight-version", engine_cfg.initial_weight_version, *engine_cfg.sglang_args]
+    cmd = [sys.executable, "-m", "sglang.launch_server", *secret, "--model-path", engine_cfg.model_path,
+           "--host", engine_cfg.host, "--port", str(port), "--skip-tokenizer-init",
+           "--max-running-requests", str(engine_cfg.max_running_requests),
+           "--context-length", str(engine_cfg.context_len),
+           "--weight-version", engine_cfg.initial_weight_version]
+    total = engine_cfg.max_total_tokens
+    if device == "cpu":
+        cmd += ["--device", "cpu"]
+        total = total or engine_cfg.max_running_requests * engine_cfg.context_len
+    if total is not None:
+        cmd += ["--max-total-tokens", str(total)]
+    return [*cmd, *engine_cfg.sglang_args]
+
+
+def sglang_env(device: str) -> dict[str, str]:
+    """Environment an SGLang server needs on ``device``: on cpu SGLANG_USE_CPU_ENGINE=1 (without it the server
+    dies ~20 s in on ``No module named 'vllm'``)."""
+    return {"SGLANG_USE_CPU_ENGINE": "1"} if device == "cpu" else {}
 
 
 #: what the engine's log says when another process took its port first (uvicorn: "[Errno 98] ... address already in use")
@@ -157,27 +203,32 @@ PORT_TAKEN = "address already in use"
 
 
 def start_engine_on_free_port(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0,
-                              log_path: str | Path | None = None, tries: int = 3) -> EngineHandle:
+                              log_path: str | Path | None = None, tries: int = 3, name: str = "engine") -> EngineHandle:
     """``start_engine`` on a port that ``free_port`` found free. On a shared machine another process can bind it
     before the engine does (seen in live runs); then the engine exits and another port is tried, ``tries`` times."""
     for attempt in range(1, tries + 1):
         try:
-            return start_engine(engine_cfg, model_cfg, seed, port=free_port(engine_cfg.host), log_path=log_path)
+            return start_engine(engine_cfg, model_cfg, seed, port=free_port(engine_cfg.host), log_path=log_path,
+                                name=name)
         except EngineError as exc:
-            if PORT_TAKEN not in str(exc).splitlines()[-1] or attempt == tries:
+            if PORT_TAKEN not in str(exc) or attempt == tries:
                 raise
 
 
 def start_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0, index: int = 0,
-                 port: int | None = None, log_path: str | Path | None = None) -> EngineHandle:
-    """Start engine ``index`` of the kind ``engine.kind`` names."""
+                 port: int | None = None, log_path: str | Path | None = None, name: str = "engine") -> EngineHandle:
+    """Start engine ``index`` of the kind ``engine.kind`` names; ``name`` (e.g. ``cell2``) heads any error."""
     if engine_cfg.kind == "local":
-        return start_local_engine(engine_cfg, model_cfg, seed, index, port, log_path)
+        return start_local_engine(engine_cfg, model_cfg, seed, index, port, log_path, name=name)
     if importlib.util.find_spec("sglang") is None:
-        raise EngineError("engine.kind=sglang but the sglang package is not installed "
-                          "(see shared notes on running SGLang on a CPU-only machine)")
+        raise EngineError(f"{name}: engine.kind=sglang but the sglang package is not installed "
+                          "(bash scripts/setup.sh --sglang)")
+    if engine_cfg.model_path is not None and not Path(engine_cfg.model_path).is_dir():
+        # SGLang would take it for a hub name and try to download it
+        raise EngineError(f"{name} (sglang): engine.model_path={engine_cfg.model_path!r} is not a directory")
     port = port if port is not None else engine_cfg.port_base + index
     url = f"http://{engine_cfg.host}:{port}"
+    device = sglang_device(engine_cfg)
     secret_config = sglang_secret_config(tempfile.mkdtemp(prefix="gyre-sglang-"), port)
-    return _spawn(sglang_command(engine_cfg, port, secret_config), url, Path(log_path) if log_path else None,
-                  engine_cfg.startup_timeout_s)
+    return _spawn(sglang_command(engine_cfg, port, device, secret_config), url, Path(log_path) if log_path else None,
+                  engine_cfg.startup_timeout_s, f"{name} (sglang on {device})", sglang_env(device))

@@ -2,8 +2,8 @@
 
 Each decode tick admits waiting requests (FIFO) up to ``max_running_requests``, runs ONE forward over all running
 requests (``Policy.next_token_logits``, padded, causal), samples one token for each, and finishes those that hit
-a stop token, EOS, or their length. HTTP handlers (abort, pause, loads, weight updates) run on the same event loop
-between ticks, so request state is only ever touched by one thread.
+a stop token, EOS (neither with ignore_eos, as SGLang), or their length. HTTP handlers (abort, pause, loads,
+weight updates) run on the same event loop between ticks, so request state is only ever touched by one thread.
 
 States of a request: waiting → running → finished (length | stop | abort); ``retract`` moves running back to the
 front of the waiting queue with its tokens kept (and its KV blocks, with ``engine.kv_cache``).
@@ -248,8 +248,9 @@ class Scheduler:
 
     def _advance(self, r: _Running, row: np.ndarray, version: str) -> None:
         sp = r.req.sampling
-        eos = None if sp.ignore_eos else self.cfg.eos_token_id
-        stops = set(sp.stop_token_ids) | ({eos} if eos is not None else set())
+        # as SGLang (Req._check_token_based_finish): ignore_eos turns off every stop token, stop_token_ids included
+        eos = self.cfg.eos_token_id
+        stops = set() if sp.ignore_eos else set(sp.stop_token_ids) | ({eos} if eos is not None else set())
         suppressed = sorted(stops) if len(r.output_ids) < sp.min_new_tokens else ()
         token, logprob = sample(row, sp, r.rng, suppressed)
         r.output_ids.append(token)

@@ -8,7 +8,7 @@ import pytest
 
 from gyre_hpc.config import AgentConfig, EngineConfig, ModelConfig, TrainConfig, TrajectoryConfig
 
-pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.megatron, pytest.mark.slow]
 
 AGENT = dict(runs_per_group=4, turns=(1, 2), call_tokens=4, answer_tokens=8, tool_output_tokens=(1, 4),
              context_budget=40, tool_time_median_s=0.01, timeout_s=120.0)

@@ -23,7 +23,7 @@ def _auth() -> dict:
     """The job secret the engines of this module were started with (``children.child_env``)."""
     return auth.bearer(auth.job_secret())
 
-pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.megatron, pytest.mark.slow]
 
 MODEL = ModelConfig()  # vocab 256, hidden 64, 2 layers: the embedded CPU default
 ENGINE = EngineConfig(max_running_requests=8, context_len=256, startup_timeout_s=180.0, request_timeout_s=120.0)

@@ -10,7 +10,7 @@ from gyre_hpc.config import EngineConfig, ModelConfig
 from gyre_hpc.engines import launch
 from gyre_hpc.errors import EngineError
 
-pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.megatron, pytest.mark.slow]
 
 MODEL = ModelConfig()
 ENGINE = EngineConfig(max_running_requests=8, context_len=256, startup_timeout_s=300.0)

@@ -64,7 +64,7 @@ def _within(cond, seconds: float = WITHIN_S) -> float:
 
 
 @pytest.mark.megatron
-@pytest.mark.sglang
+@pytest.mark.engine
 def test_sigkill_of_the_starting_process_ends_its_engine_and_proxy_and_frees_their_ports(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], stdout=subprocess.PIPE, text=True,
                               start_new_session=True)

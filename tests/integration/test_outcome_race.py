@@ -25,7 +25,7 @@ from gyre_hpc.proxy.launch import start_proxy
 from gyre_hpc.runtime.rollouts import Rollouts
 from gyre_hpc.trajectory.records import read_tito
 
-pytestmark = [pytest.mark.sglang]
+pytestmark = [pytest.mark.engine]
 
 RUNS = 4
 

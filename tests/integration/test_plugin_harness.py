@@ -21,7 +21,7 @@ from gyre_hpc.trajectory.pipeline import build_batch
 from gyre_hpc.trajectory.records import RunStatus, TitoLog, read_tito
 from tests.integration.openai_doubles import ScriptedEngineDouble, ThreadServer
 
-pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = load_task(ROOT / "tasks" / "t17_dedupe_order")

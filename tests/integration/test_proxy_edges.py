@@ -24,7 +24,7 @@ from gyre_hpc.proxy.server import ProxyServer
 from gyre_hpc.proxy.service import ProxyService
 from gyre_hpc.trajectory.records import read_tito
 
-pytestmark = [pytest.mark.sglang]
+pytestmark = [pytest.mark.engine]
 
 
 class FakeEngine:

@@ -22,7 +22,7 @@ from gyre_hpc.trajectory.records import read_tito
 from gyre_hpc.trajectory.tree import build_tree
 from tests.integration.openai_doubles import ScriptedEngineDouble, ThreadServer
 
-pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a shell command",
                                            "parameters": {"type": "object",

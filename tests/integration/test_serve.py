@@ -19,7 +19,7 @@ from gyre_hpc.engines.launch import free_port
 from gyre_hpc.models.init import init_model
 from gyre_hpc.trajectory.records import read_tito
 
-pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.megatron, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -211,3 +211,25 @@ def test_sglang_command_needs_a_model_path_and_passes_engine_settings():
     assert cmd[1:3] == ["-m", "sglang.launch_server"] and "--skip-tokenizer-init" in cmd
     assert cmd[cmd.index("--model-path") + 1] == "/m" and cmd[cmd.index("--port") + 1] == "30001"
     assert cmd[-2:] == ["--attention-backend", "torch_native"]
+    assert "--device" not in cmd and "--max-total-tokens" not in cmd  # on a GPU SGLang sizes its KV cache itself
+
+
+def test_sglang_on_cpu_gets_the_cpu_device_env_and_a_bounded_kv_cache():
+    from gyre_hpc.config import EngineConfig
+    from gyre_hpc.engines.launch import sglang_command, sglang_device, sglang_env
+
+    cfg = EngineConfig(kind="sglang", model_path="/m", max_running_requests=4, context_len=512, device="cpu")
+    cmd = sglang_command(cfg, 30001, sglang_device(cfg))
+    assert cmd[cmd.index("--device") + 1] == "cpu" and cmd[cmd.index("--max-total-tokens") + 1] == str(4 * 512)
+    assert sglang_env("cpu") == {"SGLANG_USE_CPU_ENGINE": "1"} and sglang_env("cuda") == {}
+    sized = sglang_command(EngineConfig(kind="sglang", model_path="/m", max_total_tokens=999), 30001, "cuda")
+    assert sized[sized.index("--max-total-tokens") + 1] == "999" and "--device" not in sized
+
+
+def test_client_reads_both_error_shapes_sglang_and_local_engine_answer_with():
+    import httpx
+
+    from gyre_hpc.engines.client import _error_message
+
+    assert _error_message(httpx.Response(400, json={"error": "unknown field `knob`"})) == "unknown field `knob`"
+    assert _error_message(httpx.Response(400, json={"error": {"message": "input_ids: bad"}})) == "input_ids: bad"
