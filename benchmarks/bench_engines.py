@@ -19,7 +19,6 @@ import asyncio
 import datetime
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
