@@ -61,9 +61,19 @@ def merge_tp(ranks: list[dict[str, torch.Tensor]], swiglu: bool) -> dict[str, to
 
 
 def read_checkpoint(path: Path, swiglu: bool) -> dict[str, torch.Tensor]:
+    """The model tensors of a training checkpoint (its per-rank safetensors files only: no pickle is read)."""
+    from safetensors.torch import load_file
+
+    from gyre_hpc.train.checkpoint import rank_files
+
     meta = json.loads((path / "meta.json").read_text())
     tp = int(meta.get("tensor_parallel", 1))
-    ranks = [torch.load(path / f"rank{r:03d}.pt", map_location="cpu", weights_only=False)["model"] for r in range(tp)]
+    ranks = []
+    for r in range(tp):
+        weights = rank_files(path, r)[0]
+        if not weights.is_file():
+            raise CheckpointError(f"{weights}: missing (rank {r} of a tensor-parallel-{tp} checkpoint)")
+        ranks.append(load_file(str(weights)))
     return merge_tp(ranks, swiglu)
 
 
@@ -86,7 +96,7 @@ def read_weights(src: Path, swiglu: bool) -> tuple[dict[str, torch.Tensor], Path
             raise CheckpointError(f"{src}: the run holds no weights yet (weights/, checkpoints/latest, resume/)")
     if (src / "weights.pt").is_file():
         return load_weights_dir(src)[0], src
-    if (src / "rank000.pt").is_file():
+    if (src / "meta.json").is_file() and (src / "rank000.safetensors").is_file():
         return read_checkpoint(src, swiglu), src
     raise CheckpointError(f"{src}: neither a run directory, a weights directory nor a checkpoint")
 
