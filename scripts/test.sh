@@ -4,6 +4,8 @@
 # Usage: bash scripts/test.sh [pytest args...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# the import contract first (issue 14): a new cycle or upward import fails before any test runs
+lint-imports --no-cache || { echo "scripts/test.sh: the import contract (.importlinter) is broken" >&2; exit 1; }
 started=0
 if ! bash scripts/local-slurm.sh status >/dev/null 2>&1; then
   bash scripts/local-slurm.sh start || { echo "scripts/test.sh: the local SLURM cluster did not start" >&2; exit 1; }
