@@ -32,16 +32,15 @@ def run_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def local_engine(tmp_path: Path):
-    """``start(engine_cfg, model_cfg=ModelConfig(), seed=0, **kw) -> EngineHandle``; all stopped at teardown."""
-    from gyre_hpc.config import ModelConfig
+def local_engine(tmp_path: Path, tiny_model):
+    """``start(engine_cfg, model_cfg=tiny_model, seed=0, **kw) -> EngineHandle``; all stopped at teardown."""
     from gyre_hpc.engines.launch import free_port, start_local_engine
 
     handles = []
 
     def start(engine_cfg, model_cfg=None, seed: int = 0, **kw):
         log = tmp_path / f"engine{len(handles)}.log"
-        handle = start_local_engine(engine_cfg, model_cfg or ModelConfig(), seed=seed, port=free_port(),
+        handle = start_local_engine(engine_cfg, model_cfg or tiny_model, seed=seed, port=free_port(),
                                     log_path=log, **kw)
         handles.append(handle)
         return handle
