@@ -23,7 +23,8 @@ setup(
         "mpi": MPI,
         "slurm": SLURM,
         "tasks": ["pytest>=8", "pytest-timeout>=2.2"],  # the hidden-test grader (gyre tasks check, plugin agents)
-        "dev": TRAIN + TRANSFER + ENGINE + MPI + SLURM + ["pytest>=8", "pytest-timeout>=2.2", "openai==2.8.0"],
+        "dev": TRAIN + TRANSFER + ENGINE + MPI + SLURM + ["pytest>=8", "pytest-timeout>=2.2", "openai==2.8.0",
+                                                  "import-linter==2.17", "pytest-xdist==3.8.0"],  # issue 14
     },
     entry_points={"console_scripts": ["gyre=gyre_hpc.cli:main"]},
 )

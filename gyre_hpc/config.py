@@ -24,7 +24,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 import yaml
 
-from gyre_hpc.errors import ConfigError
+from gyre_hpc.errors import ConfigError, FieldError, require
 
 
 def param(default: Any, doc: str, **kwargs: Any) -> Any:
@@ -32,21 +32,6 @@ def param(default: Any, doc: str, **kwargs: Any) -> Any:
     if dataclasses.is_dataclass(default) and not isinstance(default, type):
         return field(default_factory=lambda: default, metadata={"doc": doc}, **kwargs)
     return field(default=default, metadata={"doc": doc}, **kwargs)
-
-
-class FieldError(ConfigError):
-    """Raised by a section's ``check()``: ``key`` is relative to the section; the loader makes it dotted."""
-
-    def __init__(self, key: str, message: str):
-        super().__init__(f"{key}: {message}")
-        self.key = key
-        self.message = message
-
-
-def require(condition: bool, key: str, message: str) -> None:
-    """Raise ``FieldError(key, message)`` unless ``condition``; used inside ``check()`` methods."""
-    if not condition:
-        raise FieldError(key, message)
 
 
 # --------------------------------------------------------------------------------------------- sections

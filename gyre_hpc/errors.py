@@ -15,6 +15,21 @@ class ConfigError(GyreError):
     """A configuration value, key, or file is invalid (the message names the dotted key)."""
 
 
+class FieldError(ConfigError):
+    """Raised by a section's ``check()``: ``key`` is relative to the section; the loader makes it dotted."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.message = message
+
+
+def require(condition: bool, key: str, message: str) -> None:
+    """Raise ``FieldError(key, message)`` unless ``condition``; used inside ``check()`` methods."""
+    if not condition:
+        raise FieldError(key, message)
+
+
 class TrajectoryError(GyreError):
     """A TITO log or trajectory is malformed (the message names file and line)."""
 

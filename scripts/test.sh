@@ -2,8 +2,14 @@
 # Run the whole test suite the way CI does: start the local SLURM cluster (4 emulated nodes; installs Debian's
 # SLURM, munge, PMIx and Open MPI when missing, which needs root; SGLang too), run pytest, stop the cluster by PID.
 # Usage: bash scripts/test.sh [pytest args...]
+# Without arguments the whole suite runs in two pytest invocations (issue 14): first everything not marked mpi or
+# slurm in GYRE_TEST_WORKERS parallel xdist workers (default 2; one test file per worker at a time, so a module's
+# engine starts once), then the mpi/slurm tests one at a time (each already runs several processes). The exit
+# status is pytest's: the first invocation's when it is not 0, else the second's. With arguments: one plain pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# the import contract first (issue 14): a new cycle or upward import fails before any test runs
+lint-imports --no-cache || { echo "scripts/test.sh: the import contract (.importlinter) is broken" >&2; exit 1; }
 started=0
 if ! bash scripts/local-slurm.sh status >/dev/null 2>&1; then
   bash scripts/local-slurm.sh start || { echo "scripts/test.sh: the local SLURM cluster did not start" >&2; exit 1; }
@@ -13,4 +19,12 @@ stop() { [ "$started" = 1 ] && bash scripts/local-slurm.sh stop >/dev/null 2>&1;
 trap stop EXIT
 # tests marked sglang start real SGLang servers: install it when missing (idempotent, ~2 min the first time)
 python -c "import sglang" >/dev/null 2>&1 || bash scripts/setup.sh --sglang || { echo "scripts/test.sh: SGLang did not install" >&2; exit 1; }
-python -m pytest "$@"
+if [ "$#" -gt 0 ]; then
+  python -m pytest "$@"
+  exit $?
+fi
+python -m pytest -p xdist -n "${GYRE_TEST_WORKERS:-2}" --dist loadfile -m "not (mpi or slurm)"
+rc=$?
+python -m pytest -m "mpi or slurm"
+rc2=$?
+exit $(( rc != 0 ? rc : rc2 ))

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+from gyre_hpc.errors import require
+
 #: sbatch options accepted in ``slurm.extra`` (long names, as in ``man sbatch``).
 EXTRA_OPTIONS = (
     "acctg-freq", "begin", "comment", "constraint", "contiguous", "core-spec", "cpu-freq", "cpus-per-gpu",
@@ -76,8 +78,6 @@ def check_extra(entry: str) -> None:
 
 def check_slurm(cfg) -> None:
     """``SlurmConfig.check``: every format above, as ``FieldError`` on the offending field."""
-    from gyre_hpc.config import require
-
     for key, fn in (("time", time_seconds), ("signal", parse_signal)):
         try:
             fn(getattr(cfg, key))

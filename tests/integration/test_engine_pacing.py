@@ -2,7 +2,8 @@
 in this process, driven through ``parse_generate`` as the HTTP handler does.
 
 Pacing must change only time: the same requests give the same tokens, and every tick over n requests lasts at
-least ``device_tick_s * (1 + n / device_half_load)`` while the CPU is left free (the wait is a sleep).
+least ``device_tick_s * (1 + n / device_half_load)``. That the wait leaves the CPU free (a sleep, not a spin) is a
+speed property: benchmarks measure it, tests do not assert CPU/wall ratios (issue 14).
 """
 import asyncio
 import dataclasses
@@ -30,7 +31,7 @@ def policy():
 
 
 def _serve(policy, cfg):
-    """Generate every prompt together; (output ids, forward calls, wall seconds, CPU seconds of this process)."""
+    """Generate every prompt together; (output ids, forward calls, wall seconds)."""
     async def main():
         sched = Scheduler(policy, cfg, seed=0)
         loop = asyncio.create_task(sched.run())
@@ -38,10 +39,9 @@ def _serve(policy, cfg):
             reqs = [parse_generate({"input_ids": p, "sampling_params": {"max_new_tokens": NEW_TOKENS,
                                                                          "temperature": 0.0}}, MODEL.vocab_size)
                     for p in PROMPTS]
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0 = time.perf_counter()
             out = await asyncio.gather(*(sched.generate(r) for r in reqs))
-            return ([o["output_ids"] for o in out], sched.forward_calls, time.perf_counter() - t0,
-                    time.process_time() - c0)
+            return [o["output_ids"] for o in out], sched.forward_calls, time.perf_counter() - t0
         finally:
             loop.cancel()
             await asyncio.gather(loop, return_exceptions=True)
@@ -49,12 +49,11 @@ def _serve(policy, cfg):
 
 
 def test_pacing_changes_the_time_not_the_tokens(policy):
-    plain_ids, plain_calls, _, _ = _serve(policy, PLAIN)
-    paced_ids, paced_calls, wall, cpu = _serve(policy, PACED)
+    plain_ids, plain_calls, _ = _serve(policy, PLAIN)
+    paced_ids, paced_calls, wall = _serve(policy, PACED)
     assert paced_ids == plain_ids and paced_calls == plain_calls == NEW_TOKENS
     floor = PACED.device_tick_s * (1 + len(PROMPTS) / PACED.device_half_load)  # 4 requests in every tick: 0.06 s
-    assert wall >= NEW_TOKENS * floor
-    assert cpu < 0.8 * wall, f"the engine burned {cpu:.2f} s of CPU in {wall:.2f} s: pacing must sleep, not spin"
+    assert wall >= NEW_TOKENS * floor  # a lower bound the pacing guarantees, whatever the load
 
 
 def test_a_bad_device_setting_is_a_config_error_naming_the_key():

@@ -2,7 +2,6 @@
 training checkpoint exports back to the source tensors bit for bit (shards merged per query group, [gate; up])."""
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
@@ -28,7 +27,7 @@ def rank_main(rank: int, port: int, hf_path: str, run_dir: str, queue) -> None:
     dist.destroy_process_group()
 
 
-def test_tp2_load_matches_transformers_and_exports_the_source_tensors(tmp_path):
+def test_tp2_load_matches_transformers_and_exports_the_source_tensors(tmp_path, run_dir, spawn_ranks):
     import yaml
 
     from gyre_hpc.config import GyreConfig, ModelConfig, to_dict
@@ -40,23 +39,11 @@ def test_tp2_load_matches_transformers_and_exports_the_source_tensors(tmp_path):
 
     # kv_heads 2 over TP 2: each rank holds one whole query group of 3 query heads
     hf = init_model("qwen3", tmp_path / "hf", hidden=96, heads=6, kv_heads=2, head_dim=32, context=64, seed=4)
-    run = tmp_path / "run"
-    run.mkdir()
+    run = run_dir
     (run / "config.yaml").write_text(yaml.safe_dump(to_dict(GyreConfig(model=ModelConfig(hf_path=str(hf))))))
-    ctx = mp.get_context("spawn")
-    queue, port = ctx.Queue(), _free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, port, str(hf), str(run), queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        ids, pos, logits = queue.get(timeout=300)
-        for p in procs:
-            p.join(timeout=60)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
+    port = _free_port()
+    (ids, pos, logits), codes = spawn_ranks(rank_main, [(r, port, str(hf), str(run)) for r in range(2)], timeout=300)
+    assert codes == [0, 0]
     want = hf_logits(hf, torch.from_numpy(ids), torch.from_numpy(pos))
     assert float((torch.from_numpy(logits) - want).abs().max()) <= 1e-4
     source, exported = read_safetensors(hf), read_safetensors(export(run, tmp_path / "out"))

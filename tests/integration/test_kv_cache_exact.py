@@ -206,31 +206,27 @@ def test_the_http_flush_cache_empties_the_prefix_cache_and_server_info_shows_the
     assert after["kv_blocks_free"] == after["kv_blocks"] == 256
 
 
-def test_the_proxy_counts_the_engines_prefix_hits_of_a_run_that_sticks_to_its_engine(tmp_path):
+def test_the_proxy_counts_the_engines_prefix_hits_of_a_run_that_sticks_to_its_engine(tmp_path, local_engine):
     """A real cached local engine behind the real proxy: a run's second call repeats its first call's context, the
     sticky route sends it to the same engine, and the proxy's stats carry the engine's cached_tokens."""
     from fastapi.testclient import TestClient
 
     from gyre_hpc.config import ProxyConfig
-    from gyre_hpc.engines.launch import free_port, start_local_engine
     from gyre_hpc.proxy.events import EventLog
     from gyre_hpc.proxy.server import ProxyServer
     from gyre_hpc.proxy.service import ProxyService
 
-    handle = start_local_engine(CACHED, MODEL, seed=0, port=free_port(), log_path=tmp_path / "engine.log")
-    try:
-        service = ProxyService(ProxyConfig(), events=EventLog(tmp_path / "events.jsonl"))
-        with TestClient(ProxyServer(service).app) as client:
-            client.post("/admin/engines", json={"url": handle.url, "cell": 0, "name": "e0"})
-            first = client.post("/generate", json={"input_ids": PROMPTS[0], "rid": "q0-r0/c0",
-                                                   "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}})
-            context = PROMPTS[0] + first.json()["output_ids"] + [7, 8]
-            second = client.post("/generate", json={"input_ids": context, "rid": "q0-r0/c1",
-                                                    "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}})
-            assert first.status_code == second.status_code == 200
-            stats = client.get("/admin/stats").json()
-    finally:
-        handle.stop()
+    handle = local_engine(CACHED, MODEL, seed=0)
+    service = ProxyService(ProxyConfig(), events=EventLog(tmp_path / "events.jsonl"))
+    with TestClient(ProxyServer(service).app) as client:
+        client.post("/admin/engines", json={"url": handle.url, "cell": 0, "name": "e0"})
+        first = client.post("/generate", json={"input_ids": PROMPTS[0], "rid": "q0-r0/c0",
+                                               "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}})
+        context = PROMPTS[0] + first.json()["output_ids"] + [7, 8]
+        second = client.post("/generate", json={"input_ids": context, "rid": "q0-r0/c1",
+                                                "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}})
+        assert first.status_code == second.status_code == 200
+        stats = client.get("/admin/stats").json()
     assert stats["prompt_tokens"] == len(PROMPTS[0]) + len(context)
     assert stats["cached_tokens"] == 24  # the second call reuses 6 full blocks of 4 (25 of its 28 tokens had K/V)
 

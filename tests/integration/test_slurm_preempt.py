@@ -117,7 +117,9 @@ def test_plain_scancel_cancels_without_requeue_and_any_resume_state_it_saved_is_
     job_id, run_dir, log = running_after_first_step(tmp_path, "--set", "allocator.steps=50")  # still running
     subprocess.run(["scancel", job_id], check=True)
     state, _ = wait_for(job_id, 120)
-    time.sleep(3)  # a requeue by the batch shell would show by now
+    # only the batch shell could requeue (`scontrol requeue` in its exit path): wait for the event that would show
+    # it, the shell's end; SLURM reports JobState=COMPLETING while any process of the job still runs
+    wait_until(lambda: "JobState=COMPLETING" not in job(job_id), "the batch shell to end", 120)
     assert state == "CANCELLED" and "JobState=CANCELLED" in job(job_id) and "Restarts=0" in job(job_id), \
         (job(job_id), log.read_text()[-3000:])
     assert not (run_dir / "summary.json").exists()

@@ -35,7 +35,7 @@ def run_one_step(tp_rank_world: tuple[int, int], port: int, queue) -> None:
         dist.destroy_process_group()
 
 
-def test_tp2_matches_tp1_in_weights_loss_and_update(tmp_path):
+def test_tp2_matches_tp1_in_weights_loss_and_update(spawn_ranks):
     from gyre_hpc.train.model import _free_port
 
     ctx = mp.get_context("spawn")
@@ -43,18 +43,8 @@ def test_tp2_matches_tp1_in_weights_loss_and_update(tmp_path):
     run_one_step((0, 1), 0, queue)
     init1, m1, after1 = queue.get(timeout=60)
     port = _free_port()
-    procs = [ctx.Process(target=run_one_step, args=((r, 2), port, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        init2, m2, after2 = queue.get(timeout=180)
-        for p in procs:
-            p.join(timeout=60)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
+    (init2, m2, after2), codes = spawn_ranks(run_one_step, [((r, 2), port) for r in range(2)], timeout=180)
+    assert codes == [0, 0]
     assert set(init1) == set(init2)
     assert all(init1[k].shape == init2[k].shape and np.array_equal(init1[k], init2[k]) for k in init1)
     assert m2["loss"] == pytest.approx(m1["loss"], rel=1e-5)
