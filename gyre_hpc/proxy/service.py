@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -88,6 +89,7 @@ class ProxyService(EngineAdmin):
         self._runs_moved: set[str] = set()
         self._runs_lost: set[str] = set()
         self._runs_moved_kv: set[str] = set()  # runs with at least one move whose KV blocks were transferred
+        self._kv_move_s: list[float] = []  # mover.prepare seconds of each KV move
 
     # -------------------------------------------------------------------------------------------- calls
     async def generate(self, body: Any) -> dict:
@@ -228,6 +230,7 @@ class ProxyService(EngineAdmin):
         self.counts[f"moves_{kind}"] += 1
         if kind == "kv":
             self._runs_moved_kv.add(call.req.run_id)
+            self._kv_move_s.append(cost.seconds)
         self.events.write(
             "move", rid=call.req.rid, run_id=call.req.run_id, call_id=call.req.call_id, reason=move.reason,
             from_engine=move.source.name, from_cell=move.source.cell, to_engine=target.name, to_cell=target.cell,
@@ -278,6 +281,7 @@ class ProxyService(EngineAdmin):
     def stats(self) -> dict:
         return {**self.counts, "calls_in_flight": len(self._calls), "runs_moved": len(self._runs_moved),
                 "runs_moved_kv": len(self._runs_moved_kv),
+                "kv_move_median_s": statistics.median(self._kv_move_s) if self._kv_move_s else None,
                 "runs_lost": len(self._runs_lost), "tito_pending": self.recorder.pending(),
                 "engines": [e.describe() for e in self.router.engines()]}
 
