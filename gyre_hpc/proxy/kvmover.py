@@ -42,10 +42,11 @@ class KVMover:
     name = "kv"
 
     def __init__(self, events: EventLog, version_policy: str = "reprefill", timeout_s: float = 120.0,
-                 token: str | None = None):
+                 token: str | None = None, transport: httpx.AsyncBaseTransport | None = None):
         self.events = events
         self.keep_version = version_policy == "keep"
-        self._http = httpx.AsyncClient(timeout=timeout_s, headers=auth.bearer(token or auth.job_secret()))
+        self._http = httpx.AsyncClient(timeout=timeout_s, headers=auth.bearer(token or auth.job_secret()),
+                                       transport=transport)
 
     async def _post(self, url: str, path: str, body: dict) -> dict:
         try:
