@@ -82,10 +82,12 @@ def import_prefix(dec: PagedDecoder, bundle: KVBundle, version: str, keep_versio
     for block in hits_in_lru:
         bm.lru.move_to_end(block)  # the chain's own blocks are evicted last
     kv = torch.from_numpy(bundle.data).view(store.k.dtype).reshape(bundle.shape)
-    for i in missing:
-        block = bm._take()
-        store.k[:, block] = kv[0, :, i].to(store.k.device)
-        store.v[:, block] = kv[1, :, i].to(store.v.device)
+    taken = [bm._take() for _ in missing]
+    if taken:  # one indexed copy per K and V (not one per block)
+        src, dst = torch.as_tensor(missing), torch.as_tensor(taken)
+        store.k[:, dst] = kv[0][:, src].to(store.k.device)
+        store.v[:, dst] = kv[1][:, src].to(store.v.device)
+    for i, block in zip(missing, taken):
         h = chain[i][0]
         bm.by_hash[h], bm.hash_of[block] = block, h
         bm.lru[block] = None
