@@ -24,7 +24,8 @@ pytestmark = [pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow]
 
 MODEL = ModelConfig()
 ENGINE = EngineConfig(max_running_requests=8, context_len=256, request_timeout_s=120.0, kv_cache=True,
-                      kv_block_size=4, kv_pool_tokens=4096)
+                      kv_block_size=4, kv_pool_tokens=4096,
+                      device_tick_s=0.01)  # a call of N tokens lasts >= 2 s: it is still running when drained
 PROMPT = [5, 17, 42, 99, 3]
 GREEDY = {"temperature": 0.0}
 N = 200
