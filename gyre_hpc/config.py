@@ -372,9 +372,15 @@ class ProxyConfig:
     routing: Literal["sticky_least_loaded", "round_robin"] = param(
         "sticky_least_loaded", "A run stays on its engine while it serves, else least-loaded; or plain rotation."
     )
-    mover: Literal["reprefill"] = param(
-        "reprefill", "How a cut request continues elsewhere: resubmit prompt + partial output (re-prefill)."
+    mover: Literal["kv", "reprefill"] = param(
+        "kv", "How a cut request continues elsewhere: kv = move its cached KV blocks to the target over Mooncake "
+              "(local engines with engine.kv_cache), falling back to re-prefill per move with the reason logged "
+              "(kv_fallback); reprefill = always resubmit prompt + partial output and recompute it."
     )
+    kv_version_policy: Literal["reprefill", "keep"] = param(
+        "reprefill", "A KV move onto an engine serving other weights: reprefill = refuse the blocks, the target "
+                     "recomputes the prefix under its weights; keep = use the old-weight K/V (the tokens keep "
+                     "their recorded versions). docs/proxy.md explains the choice.")
     max_moves_per_call: int = param(8, "A call moved more often than this fails with HTTP 502 (counted as lost).")
     default_max_new_tokens: int = param(128, "max_new_tokens of a call that gives none (the engines' default).")
     request_timeout_s: float = param(600.0, "Read timeout of one engine /generate; a timeout is a broken connection.")

@@ -11,7 +11,8 @@ It reads the ``engine``, ``model`` and ``run.seed`` sections, builds the policy 
 Endpoints (SGLang 0.5.23 names and shapes; see docs/engines.md for what the local engine leaves out):
 ``/generate``, ``/abort_request``, ``/pause_generation``, ``/continue_generation``, ``/begin_weight_update``,
 ``/end_weight_update``, ``/update_weights_from_disk``, ``/update_weight_version``, ``/weights_checker``,
-``/flush_cache``, ``/health``, ``/health_generate``, ``/model_info``, ``/server_info``, ``/v1/loads``;
+``/flush_cache``, ``/health``, ``/health_generate``, ``/model_info``, ``/server_info``, ``/v1/loads``, and the
+KV mover's ``/kv/export``, ``/kv/import``, ``/kv/release`` (``kvroutes``; local engine only);
 ``/update_weights_from_tensor`` and ``/update_weights_from_distributed`` answer 400 (outside begin/end, as
 SGLang; inside, because the local engine loads weights from disk only).
 
@@ -36,8 +37,10 @@ from datetime import datetime, timezone
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from gyre_hpc.config import EngineConfig, load_config
+from gyre_hpc.config import EngineConfig, TransferConfig, load_config
 from gyre_hpc.engines import protocol as P
+from gyre_hpc.engines.kvport import KVPort
+from gyre_hpc.engines.kvroutes import add_kv_routes
 from gyre_hpc.engines.scheduler import Scheduler
 from gyre_hpc.engines.weights import load_weights_dir
 from gyre_hpc.errors import ConfigError, EngineError, GyreError
@@ -58,8 +61,10 @@ async def _json(request: Request) -> object:
 class LocalEngine:
     """The HTTP face of one scheduler (state that is not per request: weight-update session, model path)."""
 
-    def __init__(self, scheduler: Scheduler, cfg: EngineConfig, model_path: str | None = None):
+    def __init__(self, scheduler: Scheduler, cfg: EngineConfig, model_path: str | None = None,
+                 transfer: TransferConfig | None = None):
         self.s = scheduler
+        self.kv_port = KVPort(transfer or TransferConfig())  # /kv/* (gyre_hpc.engines.kvroutes)
         self.cfg = cfg
         self.model_path = model_path
         self.in_weight_update = False
@@ -101,6 +106,7 @@ class LocalEngine:
             add(path, self.server_info, methods=["GET"])
         add("/get_weight_version", self.get_weight_version, methods=["GET"])
         add("/v1/loads", self.loads, methods=["GET"])
+        add_kv_routes(app, self.s, self.kv_port)
         app.add_exception_handler(GyreError, self._on_error)
 
     @staticmethod
@@ -258,7 +264,8 @@ def build_engine(config_path: str | None, overrides: list[str]) -> LocalEngine:
         state, meta = load_weights_dir(engine_cfg.model_path)
         policy.load_weights(state)
         engine_cfg = dataclasses.replace(engine_cfg, initial_weight_version=meta["weight_version"])
-    return LocalEngine(Scheduler(policy, engine_cfg, seed=cfg.run.seed), engine_cfg, engine_cfg.model_path)
+    return LocalEngine(Scheduler(policy, engine_cfg, seed=cfg.run.seed), engine_cfg, engine_cfg.model_path,
+                       cfg.transfer)
 
 
 async def serve(engine: LocalEngine, host: str, port: int) -> None:

@@ -11,7 +11,7 @@ The proxy moves a request in four steps; only step 3 is the mover's::
 continuation arrives, which is the only way SGLang 0.5.23 offers (it has no API to migrate a running request's
 KV cache). Its cost is ``reprefill_tokens = len(plan.tokens)`` of prefill on the target.
 
-Where a Mooncake KV-block mover plugs in (a later issue): a ``KVBlockMover`` implements ``prepare`` by asking the
+The Mooncake KV-block mover is ``gyre_hpc.proxy.kvmover.KVMover`` (``proxy.mover: kv``, the default); as designed: a ``KVBlockMover`` implements ``prepare`` by asking the
 source engine for the KV blocks of ``plan.tokens`` (after the abort they are still in its prefix cache), writing
 them into the target's prefix cache over Mooncake Transfer Engine (``gyre_hpc.transfer``, RDMA on a cluster), and
 returning ``MoveCost(reprefill_tokens=<tokens not covered>, moved_tokens=<tokens covered>, seconds=...)``. The
@@ -29,7 +29,7 @@ from typing import Protocol
 
 from gyre_hpc.proxy.routing import ProxyError
 
-MOVERS = ("reprefill",)
+MOVERS = ("kv", "reprefill")
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,13 @@ class ReprefillMover:
         return MoveCost(reprefill_tokens=len(plan.tokens), moved_tokens=0, seconds=0.0)
 
 
-def make_mover(kind: str) -> Mover:
+def make_mover(kind: str, events=None, version_policy: str = "reprefill") -> Mover:
+    """``kv``: ``gyre_hpc.proxy.kvmover.KVMover`` (falls back to re-prefill per move); ``reprefill``: always."""
     if kind == "reprefill":
         return ReprefillMover()
+    if kind == "kv":
+        from gyre_hpc.proxy.events import EventLog
+        from gyre_hpc.proxy.kvmover import KVMover
+
+        return KVMover(events if events is not None else EventLog(None), version_policy)
     raise ProxyError(f"proxy.mover: {kind!r} is not one of {', '.join(MOVERS)}")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -76,7 +77,7 @@ class ProxyService(EngineAdmin):
         self.router = Router(cfg.routing)
         self.events = events if events is not None else EventLog(cfg.event_log)
         self.recorder = TitoRecorder()
-        self.mover = mover if mover is not None else make_mover(cfg.mover)
+        self.mover = mover if mover is not None else make_mover(cfg.mover, self.events, cfg.kv_version_policy)
         self._clients: dict[str, AsyncEngineClient] = {}
         self._requests: dict[str, Request] = {}  # engine rid -> request
         self._calls: dict[str, _Call] = {}  # harness rid -> call
@@ -84,9 +85,11 @@ class ProxyService(EngineAdmin):
         self._wake = asyncio.Event()
         # prompt_tokens / cached_tokens: summed over engine answers (meta_info), the prefix cache's hit rate
         self.counts = {"calls_done": 0, "moves": 0, "calls_lost": 0, "calls_late": 0, "outcomes_recovered": 0,
-                       "prompt_tokens": 0, "cached_tokens": 0}
+                       "prompt_tokens": 0, "cached_tokens": 0, "moves_kv": 0, "moves_reprefill": 0}
         self._runs_moved: set[str] = set()
         self._runs_lost: set[str] = set()
+        self._runs_moved_kv: set[str] = set()  # runs with at least one move whose KV blocks were transferred
+        self._kv_move_s: list[float] = []  # mover.prepare seconds of each KV move
 
     # -------------------------------------------------------------------------------------------- calls
     async def generate(self, body: Any) -> dict:
@@ -223,12 +226,18 @@ class ProxyService(EngineAdmin):
         call.moves += 1
         self.counts["moves"] += 1
         self._runs_moved.add(call.req.run_id)
+        kind = "kv" if cost.moved_tokens > 0 else "reprefill"
+        self.counts[f"moves_{kind}"] += 1
+        if kind == "kv":
+            self._runs_moved_kv.add(call.req.run_id)
+            self._kv_move_s.append(cost.seconds)
         self.events.write(
             "move", rid=call.req.rid, run_id=call.req.run_id, call_id=call.req.call_id, reason=move.reason,
             from_engine=move.source.name, from_cell=move.source.cell, to_engine=target.name, to_cell=target.cell,
             partial_tokens=move.partial, output_tokens=len(produced(call.segments)),
             reprefill_tokens=cost.reprefill_tokens, moved_tokens=cost.moved_tokens,
-            seconds=asyncio.get_running_loop().time() - move.t0, mover=self.mover.name, move=call.moves)
+            seconds=asyncio.get_running_loop().time() - move.t0, mover=self.mover.name, move=call.moves,
+            kind=kind, prepare_s=cost.seconds)
 
     def _lost(self, call: _Call, why: str, status: int) -> ProxyError:
         self.counts["calls_lost"] += 1
@@ -271,6 +280,8 @@ class ProxyService(EngineAdmin):
 
     def stats(self) -> dict:
         return {**self.counts, "calls_in_flight": len(self._calls), "runs_moved": len(self._runs_moved),
+                "runs_moved_kv": len(self._runs_moved_kv),
+                "kv_move_median_s": statistics.median(self._kv_move_s) if self._kv_move_s else None,
                 "runs_lost": len(self._runs_lost), "tito_pending": self.recorder.pending(),
                 "engines": [e.describe() for e in self.router.engines()]}
 
@@ -278,4 +289,6 @@ class ProxyService(EngineAdmin):
         for client in self._clients.values():
             await client.aclose()
         self._clients.clear()
+        if hasattr(self.mover, "aclose"):
+            await self.mover.aclose()
         self.events.close()

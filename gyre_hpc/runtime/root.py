@@ -300,6 +300,9 @@ def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollou
         "calls_late": proxy.get("calls_late", 0), "outcomes_recovered": proxy.get("outcomes_recovered", 0),
         "runs_moved": proxy.get("runs_moved"),
         "calls_moved": proxy.get("moves"), "groups_cut_at_stop": end.get("groups_cut", 0),
+        "runs_moved_kv": proxy.get("runs_moved_kv"),  # runs with a move whose KV blocks went over Mooncake
+        "moves_by_kind": {k: proxy.get(f"moves_{k}") for k in ("kv", "reprefill")},
+        "kv_move_median_s": proxy.get("kv_move_median_s"),
         "prefix_hit_rate": (round(proxy["cached_tokens"] / proxy["prompt_tokens"], 4)
                             if proxy.get("prompt_tokens") else None),  # engines' cached_tokens / prompt tokens
         "engine_deaths": events.count("engine_died"), "engine_restarts": events.count("engine_restarted"),

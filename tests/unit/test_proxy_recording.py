@@ -120,7 +120,8 @@ def test_reprefill_mover_recomputes_the_whole_prefix_and_moves_no_kv():
 # ----------------------------------------------------------------------------------------------- config
 def test_proxy_config_defaults_and_dotted_errors():
     cfg = load_config(None).proxy
-    assert (cfg.routing, cfg.mover, cfg.max_moves_per_call) == ("sticky_least_loaded", "reprefill", 8)
+    assert (cfg.routing, cfg.mover, cfg.max_moves_per_call) == ("sticky_least_loaded", "kv", 8)
+    assert cfg.kv_version_policy == "reprefill"
     with pytest.raises(ConfigError, match=r"proxy\.routing: 'random' is not one of"):
         load_config(None, ["proxy.routing=random"])
     with pytest.raises(ConfigError, match=r"proxy\.max_moves_per_call: must be >= 1, got 0"):
