@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from gyre_hpc import auth
 from gyre_hpc.config import EngineConfig, ModelConfig
 from gyre_hpc.engines.client import EngineClient
 from gyre_hpc.engines.launch import EngineHandle, free_port, start_engine
@@ -29,7 +30,8 @@ pytestmark = [pytest.mark.slow]
 
 PROMPT = [5, 17, 42, 99, 3]  # below both vocabularies (256 and 1024)
 LONG = 400  # a request that is aborted long before it ends
-HELD = 64  # a request that is paused or relabelled mid-way, then runs to its end
+HELD = 200  # a request that is paused or relabelled mid-way, then runs to its end (long enough that a loaded
+#            machine cannot finish it between "it runs" and the pause)
 
 
 @dataclass
@@ -71,8 +73,13 @@ def client(served):
     _wait(lambda: served.client.loads().total == 0)
 
 
+def _auth() -> dict:
+    """The job secret both engines were started with (``children.child_env``; SGLang's ``api-key``)."""
+    return auth.bearer(auth.job_secret())
+
+
 def _load(client: EngineClient) -> dict:
-    return httpx.get(client.url + "/v1/loads", timeout=30).json()["loads"][0]
+    return httpx.get(client.url + "/v1/loads", headers=_auth(), timeout=30).json()["loads"][0]
 
 
 def _wait(cond, timeout=300.0):
@@ -214,14 +221,15 @@ def test_a_version_update_without_abort_keeps_in_flight_requests_and_splits_thei
 def test_a_version_update_by_default_aborts_in_flight_requests(client):
     new = f"{client.weight_version()}-abort"
     bg = _decoding(client, LONG)
-    r = httpx.post(client.url + "/update_weight_version", json={"new_version": new}, timeout=60)
+    r = httpx.post(client.url + "/update_weight_version", json={"new_version": new}, headers=_auth(), timeout=60)
     assert r.status_code == 200
     assert bg.join().finish_reason == "abort"
     assert client.weight_version() == new
 
 
 def test_tensor_weight_updates_must_be_wrapped_in_begin_and_end(client):
-    r = httpx.post(client.url + "/update_weights_from_tensor", json={"serialized_named_tensors": []}, timeout=60)
+    r = httpx.post(client.url + "/update_weights_from_tensor", json={"serialized_named_tensors": []},
+                   headers=_auth(), timeout=60)
     assert r.status_code == 400
     client.begin_weight_update()
     with pytest.raises(EngineError) as twice:
@@ -239,7 +247,7 @@ def test_flush_cache_succeeds_on_an_idle_engine(client):
 
 def test_health_health_generate_loads_and_model_info(client):
     assert client.health()
-    assert httpx.get(client.url + "/health_generate", timeout=120).status_code == 200
+    assert httpx.get(client.url + "/health_generate", headers=_auth(), timeout=120).status_code == 200
     assert (client.loads().running, client.loads().waiting) == (0, 0)
     info = client.model_info()
     assert info["is_generation"] is True and isinstance(info["weight_version"], str) and "model_path" in info
