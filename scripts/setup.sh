@@ -4,6 +4,7 @@
 # all backends. torch is pinned to the CPU wheel 2.13.0 so no multi-GB CUDA build is pulled.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--mini-swe-agent" ]; then exec bash scripts/setup_mswea.sh; fi   # its own venv (issue 11)
 export DEBIAN_FRONTEND=noninteractive
 if ! dpkg -s libibverbs1 >/dev/null 2>&1; then
   apt-get update -qq
