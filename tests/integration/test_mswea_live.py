@@ -25,7 +25,7 @@ TIMEOUT_S = 1500
 def test_gyre_train_swe_mswea_runs_mini_swe_agent_for_two_steps(tmp_path):
     if not (default_venv() / "bin" / "python").is_file():  # CI installs it: missing is a failure, never a skip
         pytest.fail("no mini-swe-agent venv: run `bash scripts/setup.sh --mini-swe-agent`")
-    model = init_model("qwen3", tmp_path / "tiny-qwen3", vocab=1024)
+    model = init_model("qwen3", tmp_path / "tiny-qwen3", vocab=1024, context=16384)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
     env["PYTHONPATH"] = str(ROOT)
     cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(ROOT / "configs" / "swe_mswea.yaml"), "--json",
