@@ -16,7 +16,7 @@ from gyre_hpc.agents.mswea import default_venv
 from gyre_hpc.models.init import init_model
 from gyre_hpc.trajectory.records import RunStatus, read_tito
 
-pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow]
+pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 1500
