@@ -43,8 +43,9 @@ def test_gyre_train_swe_mswea_runs_mini_swe_agent_for_two_steps(tmp_path):
     assert set(summary["run_statuses"]) <= {RunStatus.SCORED.value, RunStatus.TIMEOUT_PARTIAL.value}
     files = sorted(Path(summary["run_dir"], "tito").glob("q*.jsonl"))
     assert files
-    for path in files:
-        log = read_tito(path)
-        assert log.calls and {c.run_id for c in log.calls} == set(log.outcome)
+    logs = [read_tito(path) for path in files]
+    assert any(log.calls for log in logs)  # a run cut at agent.timeout_s before its first reply has no call
+    for log in logs:
+        assert {c.run_id for c in log.calls} <= set(log.outcome) and log.outcomes
         assert all(c.call_id.startswith("oa") for c in log.calls)  # recorded by the OpenAI endpoint
         assert all("mini-swe-agent" in o.detail for o in log.outcomes), [o.detail for o in log.outcomes]
