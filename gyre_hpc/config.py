@@ -555,6 +555,28 @@ class SimConfig:
 
 
 @dataclass(frozen=True)
+class MiniSweAgentConfig:
+    """agent.kind mini-swe-agent: the pinned, unmodified package in its own venv, its commands sandboxed (docs/agents.md)."""
+
+    python: str | None = param(None, "The venv interpreter that has mini-swe-agent; null = $GYRE_MSWEA_VENV or the "
+                                     "venv `scripts/setup.sh --mini-swe-agent` makes (~/.cache/gyre_hpc).")
+    step_limit: int = param(8, "Model calls per run (the package's step_limit; cost tracking is off, so always set).")
+    command_timeout_s: float = param(30.0, "Wall-clock limit of one bash command the agent runs (its group is killed).")
+    cpu_s: int = param(120, "RLIMIT_CPU of the agent process and of each command, in CPU seconds.")
+    memory_mb: int = param(4096, "RLIMIT_AS of the agent process and of each command, in MiB.")
+    file_mb: int = param(64, "RLIMIT_FSIZE: the largest file the agent or a command may write, in MiB.")
+    isolation: Literal["auto", "required", "off"] = param(
+        "auto", "Sandbox of the agent's commands (no network, read-only filesystem outside the workspace, no "
+                "capabilities): auto = when root with unshare, required = refuse to run without it, off = never.")
+
+    def check(self) -> None:
+        require(self.python is None or self.python.strip() != "", "python", "must be a path or null")
+        for key in ("step_limit", "cpu_s", "memory_mb", "file_mb"):
+            require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
+        require(self.command_timeout_s > 0, "command_timeout_s", f"must be > 0, got {self.command_timeout_s}")
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     """The synthetic long-horizon agent workload of live runs (docs/agent-workload.md): task, branching, timing."""
 
@@ -582,14 +604,16 @@ class AgentConfig:
     seeded_sampling: bool = param(True, "Send a sampling_seed per call derived from run.seed, run and call id.")
     abort_retries: int = param(2, "A /generate answered with finish_reason abort is re-issued this often, then the "
                                   "run ends aborted.")
-    kind: Literal["synthetic", "python", "command"] = param(
-        "synthetic", "Which agent runs: the synthetic token game (default), a Python plugin (agent.entry) or a "
-                     "command (agent.argv); plugins talk OpenAI chat completions (docs/agents.md).")
+    kind: Literal["synthetic", "python", "command", "mini-swe-agent"] = param(
+        "synthetic", "Which agent runs: the synthetic token game (default), a Python plugin (agent.entry), a "
+                     "command (agent.argv) or mini-swe-agent (agent.mini_swe_agent); plugins talk OpenAI chat "
+                     "completions (docs/agents.md).")
     entry: str | None = param(None, "kind python: the agent callable as 'pkg.module:run' (sync or async), called "
                                     "with task, base_url, api_key, workspace.")
     argv: tuple[str, ...] = param((), "kind command: the agent's argv; cwd = a fresh workspace, OPENAI_BASE_URL and "
                                       "OPENAI_API_KEY set per run, GYRE_TASK holds the task statement.")
     tasks_dir: str | None = param(None, "kind python/command: the directory of repository-repair tasks (tasks/).")
+    mini_swe_agent: MiniSweAgentConfig = param(MiniSweAgentConfig(), "kind mini-swe-agent: its venv, limits, sandbox.")
 
     def min_budget(self) -> int:
         """The smallest context_budget in which a compressed context still fits its next call."""

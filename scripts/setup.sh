@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--sglang" ]; then exec bash scripts/setup_sglang.sh; fi
+if [ "${1:-}" = "--mini-swe-agent" ]; then exec bash scripts/setup_mswea.sh; fi   # its own venv (issue 11)
 export DEBIAN_FRONTEND=noninteractive
 if ! dpkg -s libibverbs1 >/dev/null 2>&1; then
   apt-get update -qq

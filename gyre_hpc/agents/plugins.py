@@ -3,6 +3,7 @@
 The config names them (docs/agents.md)::
 
     agent.kind: python    agent.entry: "pkg.module:run"     run(task=, base_url=, api_key=, workspace=), sync or async
+    agent.kind: mini-swe-agent   the pinned package in its own venv, commands sandboxed (agents/mswea.py)
     agent.kind: command   agent.argv: [prog, arg, ...]      cwd = workspace; OPENAI_BASE_URL, OPENAI_API_KEY,
                                                             GYRE_TASK (the statement), GYRE_TASK_NAME, GYRE_WORKSPACE
     grader.entry: "pkg.module:grade"                        grade(task=, workspace=) -> score in [0, 1]
@@ -41,7 +42,7 @@ from typing import Any, Callable, Literal
 
 from gyre_hpc.agents.grader import Grade, grade_hidden_tests
 from gyre_hpc.agents.repo_tasks import RepoTask
-from gyre_hpc.config import AgentConfig, GraderConfig
+from gyre_hpc.config import AgentConfig, GraderConfig, MiniSweAgentConfig
 from gyre_hpc.errors import ConfigError
 from gyre_hpc.trajectory.records import RunStatus
 
@@ -74,12 +75,18 @@ class Plugins:
     argv: tuple[str, ...]
     grader: Callable[..., Any] | None
     grader_cfg: GraderConfig
+    mswea: MiniSweAgentConfig | None = None  # kind mini-swe-agent: its config and venv interpreter (agents/mswea.py)
+    mswea_python: Path | None = None
 
 
 def load_plugins(agent: AgentConfig, grader: GraderConfig) -> Plugins:
     """Import the configured entries (call it before any run starts)."""
     fn = load_entry(agent.entry, "agent.entry") if agent.kind == "python" and agent.entry else None
     grade = load_entry(grader.entry, "grader.entry") if grader.entry else None
+    if agent.kind == "mini-swe-agent":
+        from gyre_hpc.agents.mswea import venv_python
+
+        return Plugins(agent.kind, None, (), grade, grader, agent.mini_swe_agent, venv_python(agent.mini_swe_agent))
     return Plugins(agent.kind, fn, agent.argv if agent.kind == "command" else (), grade, grader)
 
 
@@ -133,6 +140,11 @@ def run_agent(plugins: Plugins, task: RepoTask, base_url: str, api_key: str, wor
         return AgentResult("finished") if how == "ok" else AgentResult("crashed", value)
     if plugins.kind == "command":
         return run_command_agent(plugins.argv, task, base_url, api_key, Path(workspace), timeout_s)
+    if plugins.kind == "mini-swe-agent" and plugins.mswea is not None:
+        from gyre_hpc.agents.mswea import run_mswea_agent
+
+        return run_mswea_agent(plugins.mswea, task.statement, base_url, api_key, Path(workspace), timeout_s,
+                               python=plugins.mswea_python)
     raise ConfigError(f"agent.kind: {plugins.kind!r} is not a plugin agent (python or command)")
 
 

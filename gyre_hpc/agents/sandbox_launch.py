@@ -10,6 +10,7 @@ Invariants
 - ARGV runs only when every mount was made read-only; if one remount fails, the launcher exits with
   ``SANDBOX_FAILED`` and says which mount, and nothing runs.
 - ARGV runs with no capabilities: writes outside the listed directories fail with EROFS for every uid.
+- ARGV starts in the launcher's cwd re-resolved after the mounts: a cwd inside a listed directory is writable.
 """
 import ctypes
 import os
@@ -63,6 +64,7 @@ def main(args):
     except OSError as exc:
         sys.stderr.write(f"gyre sandbox: cannot drop capabilities: {exc}\n")
         return SANDBOX_FAILED
+    os.chdir(os.getcwd())  # re-enter the cwd by path: it may lie under a directory just bind-mounted writable
     os.execv(argv[0], argv)
 
 

@@ -1,0 +1,52 @@
+"""``gyre train configs/swe_mswea.yaml`` live: mini-swe-agent (the real package, its venv) with a tiny Qwen3 model.
+
+The random model rarely writes a valid tool call, so runs end on format errors or the step limit and score 0;
+what is checked is that the live run finishes its 2 steps with every run graded (none lost, no eval failure),
+its calls recorded through the OpenAI endpoint, and mini-swe-agent's own exit named in each outcome.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gyre_hpc.agents.mswea import default_venv
+from gyre_hpc.models.init import init_model
+from gyre_hpc.trajectory.records import RunStatus, read_tito
+
+pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow, pytest.mark.timeout(1800)]
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 1500
+
+
+def test_gyre_train_swe_mswea_runs_mini_swe_agent_for_two_steps(tmp_path):
+    if not (default_venv() / "bin" / "python").is_file():  # CI installs it: missing is a failure, never a skip
+        pytest.fail("no mini-swe-agent venv: run `bash scripts/setup.sh --mini-swe-agent`")
+    model = init_model("qwen3", tmp_path / "tiny-qwen3", vocab=1024, context=16384)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(ROOT / "configs" / "swe_mswea.yaml"), "--json",
+           "--set", f"run.out_dir={tmp_path / 'runs'}", "--set", f"model.hf_path={model}",
+           "--set", "scheduler.batch_groups=1", "--set", "agent.timeout_s=240"]  # short: 2 steps of 1 group
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # gyre train dumps its ranks' stacks and ends mpirun's session
+        stdout, stderr = proc.communicate(timeout=60)
+        pytest.fail(f"the live run did not finish in {TIMEOUT_S} s:\n{stderr[-3000:]}")
+    assert proc.returncode == 0, stderr[-4000:]
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 2 and summary["runs_lost"] == 0
+    assert set(summary["run_statuses"]) <= {RunStatus.SCORED.value, RunStatus.TIMEOUT_PARTIAL.value}
+    files = sorted(Path(summary["run_dir"], "tito").glob("q*.jsonl"))
+    assert files
+    logs = [read_tito(path) for path in files]
+    assert any(log.calls for log in logs)  # a run cut at agent.timeout_s before its first reply has no call
+    for log in logs:
+        assert {c.run_id for c in log.calls} <= set(log.outcome) and log.outcomes
+        assert all(c.call_id.startswith("oa") for c in log.calls)  # recorded by the OpenAI endpoint
+        assert all("mini-swe-agent" in o.detail for o in log.outcomes), [o.detail for o in log.outcomes]
