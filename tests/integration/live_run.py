@@ -11,11 +11,19 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 480
 
 
+def launcher_env() -> dict[str, str]:
+    """This process's environment for a ``gyre train`` launcher: without the MPI/SLURM variables that an earlier
+    test's MPI initialisation (or an enclosing SLURM step) left here, which would make it a rank; this checkout
+    first on PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
 def run_live(out: Path, overrides: list[str], returncode: int = 0) -> tuple[dict, Path, str]:
     """(summary, run directory, stderr) of a live run under ``out`` that exits with ``returncode``; on a timeout the
     test fails with the ranks' stacks."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env = launcher_env()
     cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(ROOT / "configs" / "local.yaml"), "--json",
            "--set", f"run.out_dir={out}"] + [a for o in overrides for a in ("--set", o)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)

@@ -15,6 +15,7 @@ import time
 
 import psutil
 import pytest
+from live_run import launcher_env
 
 from gyre_hpc.engines import children
 from gyre_hpc.serving import ORPHAN_EXIT, PARENT_ENV
@@ -159,7 +160,8 @@ def test_sigkill_of_the_launcher_ends_mpirun_its_ranks_and_their_services(tmp_pa
     cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", os.path.join(root, "configs", "local.yaml"),
            "--set", "allocator.steps=2", "--set", f"run.out_dir={tmp_path}"]
     with open(tmp_path / "launcher.log", "wb") as log:
-        launcher = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        launcher = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env=launcher_env())
     procs: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 300.0
