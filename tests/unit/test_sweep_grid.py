@@ -22,7 +22,7 @@ def test_values_split_on_commas_outside_brackets_and_stay_text():
     ("scheduler.stalenes_target=1", "did you mean scheduler.staleness_target"),
     ("trajectory.zzzzzz=1", "valid keys of trajectory: trajectory.j_max"),
     ("trajectory.jmax=1", "; valid keys of trajectory: trajectory.j_max"),
-    ("nosection.key=1", "sections: agent, allocator"),
+    ("nosection.key=1", "sections: agent, agent.mini_swe_agent, allocator"),
     ("scheduler=1,2", "is a section, not a value; sweep one of its keys: scheduler.policy"),
     ("trajectory.j_max=1,,3", "an empty value"),
     ("trajectory.j_max=", "an empty value"),
