@@ -33,8 +33,8 @@ gyre serve CONFIG [--engines N] [--port P] [--tito-dir DIR] [--flush-s S] [--dur
 Serves the rollout side of CONFIG: engines and the proxy with its OpenAI endpoint (docs/proxy.md), writing
 TITO to DIR/tito.jsonl. Point an agent at OPENAI_BASE_URL=http://HOST:PORT/runs/RUN_ID/v1 (one RUN_ID per run).
 Examples:
-  gyre serve configs/swe_local.yaml
-  gyre serve configs/swe_local.yaml --engines 2 --port 31000 --tito-dir runs/serve-tito
+  gyre serve configs/swe_plugin.yaml
+  gyre serve configs/swe_plugin.yaml --engines 2 --port 31000 --tito-dir runs/serve-tito
 """
 
 

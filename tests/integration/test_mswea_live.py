@@ -1,4 +1,4 @@
-"""``gyre train configs/swe_mswea.yaml`` live: mini-swe-agent (the real package, its venv) with a tiny Qwen3 model.
+"""``gyre train configs/swe_local.yaml`` live: mini-swe-agent (the real package, its venv) with a tiny Qwen3 model.
 
 The random model rarely writes a valid tool call, so runs end on format errors or the step limit and score 0;
 what is checked is that the live run finishes its 2 steps with every run graded (none lost, no eval failure),
@@ -28,7 +28,7 @@ def test_gyre_train_swe_mswea_runs_mini_swe_agent_for_two_steps(tmp_path):
     model = init_model("qwen3", tmp_path / "tiny-qwen3", vocab=1024, context=16384)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
     env["PYTHONPATH"] = str(ROOT)
-    cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(ROOT / "configs" / "swe_mswea.yaml"), "--json",
+    cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(ROOT / "configs" / "swe_local.yaml"), "--json",
            "--set", f"run.out_dir={tmp_path / 'runs'}", "--set", f"model.hf_path={model}",
            "--set", "scheduler.batch_groups=1", "--set", "agent.timeout_s=240"]  # short: 2 steps of 1 group
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)

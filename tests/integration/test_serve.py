@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_gyre_serve_answers_chat_calls_and_writes_their_tito(tmp_path):
     model = init_model("qwen3", tmp_path / "tiny", vocab=1024)
     tito = tmp_path / "tito"
-    cmd = [sys.executable, "-m", "gyre_hpc.cli", "serve", str(ROOT / "configs" / "swe_local.yaml"),
+    cmd = [sys.executable, "-m", "gyre_hpc.cli", "serve", str(ROOT / "configs" / "swe_plugin.yaml"),
            "--port", str(free_port()),
            "--tito-dir", str(tito), "--flush-s", "0.5", "--set", f"model.hf_path={model}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

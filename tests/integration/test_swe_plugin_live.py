@@ -1,4 +1,4 @@
-"""``gyre train configs/swe_local.yaml`` live: the example plugin agent on the shipped tasks with a tiny Qwen3 model.
+"""``gyre train configs/swe_plugin.yaml`` live: the example plugin agent on the shipped tasks with a tiny Qwen3 model.
 
 The random model writes no tool call, so every run scores 0 (and its group trains no token); what is checked is
 that the live run finishes its 2 steps with every run graded, its calls recorded through the OpenAI endpoint,
@@ -21,11 +21,11 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 1200
 
 
-def test_gyre_train_swe_local_runs_the_plugin_agent_for_two_steps(tmp_path):
+def test_gyre_train_swe_plugin_runs_the_plugin_agent_for_two_steps(tmp_path):
     model = init_model("qwen3", tmp_path / "tiny-qwen3", vocab=1024)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "docs" / "examples")])
-    cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(ROOT / "configs" / "swe_local.yaml"), "--json",
+    cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(ROOT / "configs" / "swe_plugin.yaml"), "--json",
            "--set", f"run.out_dir={tmp_path / 'runs'}", "--set", f"model.hf_path={model}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:
