@@ -41,6 +41,8 @@ def test_gyre_train_swe_mswea_runs_mini_swe_agent_for_two_steps(tmp_path):
     assert proc.returncode == 0, stderr[-4000:]
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["steps"] == 2 and summary["runs_lost"] == 0
+    steps = [json.loads(line) for line in Path(summary["run_dir"], "metrics.jsonl").read_text().splitlines()]
+    assert sum(s["trained_tokens"] for s in steps) > 0  # the recorded calls reached the trainer
     assert set(summary["run_statuses"]) <= {RunStatus.SCORED.value, RunStatus.TIMEOUT_PARTIAL.value}
     files = sorted(Path(summary["run_dir"], "tito").glob("q*.jsonl"))
     assert files
