@@ -5,12 +5,12 @@ what is checked is that the live run finishes its 2 steps with every run graded 
 its calls recorded through the OpenAI endpoint, and mini-swe-agent's own exit named in each outcome.
 """
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from live_run import launcher_env
 
 from gyre_hpc.agents.mswea import default_venv
 from gyre_hpc.models.init import init_model
@@ -26,8 +26,7 @@ def test_gyre_train_swe_mswea_runs_mini_swe_agent_for_two_steps(tmp_path):
     if not (default_venv() / "bin" / "python").is_file():  # CI installs it: missing is a failure, never a skip
         pytest.fail("no mini-swe-agent venv: run `bash scripts/setup.sh --mini-swe-agent`")
     model = init_model("qwen3", tmp_path / "tiny-qwen3", vocab=1024, context=16384)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
-    env["PYTHONPATH"] = str(ROOT)
+    env = launcher_env()
     cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(ROOT / "configs" / "swe_local.yaml"), "--json",
            "--set", f"run.out_dir={tmp_path / 'runs'}", "--set", f"model.hf_path={model}",
            "--set", "scheduler.batch_groups=1", "--set", "agent.timeout_s=240"]  # short: 2 steps of 1 group

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from live_run import launcher_env
 
 from gyre_hpc.models.init import init_model
 from gyre_hpc.trajectory.records import RunStatus, read_tito
@@ -23,8 +24,8 @@ TIMEOUT_S = 1200
 
 def test_gyre_train_swe_plugin_runs_the_plugin_agent_for_two_steps(tmp_path):
     model = init_model("qwen3", tmp_path / "tiny-qwen3", vocab=1024)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "docs" / "examples")])
+    env = launcher_env()
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT / "docs" / "examples")])  # the plugin
     cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(ROOT / "configs" / "swe_plugin.yaml"), "--json",
            "--set", f"run.out_dir={tmp_path / 'runs'}", "--set", f"model.hf_path={model}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
