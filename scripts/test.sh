@@ -3,7 +3,7 @@
 # SLURM, munge, PMIx and Open MPI when missing, which needs root; SGLang too), run pytest, stop the cluster by PID.
 # Usage: bash scripts/test.sh [pytest args...]
 # Without arguments the whole suite runs in two pytest invocations (issue 14): first everything not marked mpi or
-# slurm in GYRE_TEST_WORKERS parallel xdist workers (default 2; one test file per worker at a time, so a module's
+# slurm (or serial: timing-sensitive) in GYRE_TEST_WORKERS parallel xdist workers (default 2; one test file per worker at a time, so a module's
 # engine starts once), then the mpi/slurm tests one at a time (each already runs several processes). The exit
 # status is pytest's: the first invocation's when it is not 0, else the second's. With arguments: one plain pytest.
 set -uo pipefail
@@ -25,8 +25,8 @@ if [ "$#" -gt 0 ]; then
   python -m pytest "$@"
   exit $?
 fi
-python -m pytest -p xdist -n "${GYRE_TEST_WORKERS:-2}" --dist loadfile -m "not (mpi or slurm)"
+python -m pytest -p xdist -n "${GYRE_TEST_WORKERS:-2}" --dist loadfile -m "not (mpi or slurm or serial)"
 rc=$?
-python -m pytest -m "mpi or slurm"
+python -m pytest -m "mpi or slurm or serial"
 rc2=$?
 exit $(( rc != 0 ? rc : rc2 ))

@@ -21,7 +21,7 @@ from gyre_hpc.trajectory.pipeline import build_batch
 from gyre_hpc.trajectory.records import RunStatus, read_tito
 from gyre_hpc.trajectory.tree import build_tree
 
-pytestmark = [pytest.mark.engine, pytest.mark.megatron, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.megatron, pytest.mark.slow, pytest.mark.serial]
 
 MODEL = ModelConfig()  # vocab 256, hidden 64, 2 layers: the embedded CPU default
 ENGINE = EngineConfig(max_running_requests=16, context_len=256, request_timeout_s=120.0)

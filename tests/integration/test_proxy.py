@@ -22,7 +22,7 @@ from gyre_hpc.proxy.launch import start_proxy
 from gyre_hpc.proxy.routing import ProxyError
 from gyre_hpc.trajectory.records import read_tito
 
-pytestmark = [pytest.mark.engine, pytest.mark.megatron, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.megatron, pytest.mark.slow, pytest.mark.serial]
 
 MODEL = ModelConfig()  # vocab 256, hidden 64, 2 layers: the embedded CPU default
 ENGINE = EngineConfig(max_running_requests=8, context_len=256, request_timeout_s=120.0)
