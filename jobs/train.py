@@ -164,14 +164,20 @@ def _failed(cfg, run_dir: Path, code: int) -> int:
         kind, why = "error", f"{errors[0].stem}: {errors[0].read_text().strip().splitlines()[0][:300]}"
     else:
         kind, why = "rank_lost", f"a rank ended without finishing its role (mpirun exit {code})"
+    starts = [i for i, e in enumerate(events) if e["event"] == "start"]
+    segment = events[starts[-1]:] if starts else []  # this segment's events (rank 0 wrote "start" first)
+    saved = next((e["resume"] for e in segment if e["event"] == "lost_rank_saved"), None)
     if not events or events[-1]["event"] != "error":
         rec = {"t": max((e.get("t", 0.0) for e in events), default=0.0), "wall": round(time.time(), 6),
-               "event": kind, "error": why, "mpirun_exit": code}
+               "event": kind, "error": why, "mpirun_exit": code, "resume": saved}
         with contextlib.suppress(OSError):
             with open(path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(rec) + "\n")
     print(f"gyre train: {kind}: {why}; the live run ended (mpirun exit {code}) without a summary; see {run_dir} "
           f"(events.jsonl, cells/, proxy.log, mpirun.log)", file=sys.stderr)
+    if saved is not None and kind == "rank_lost":
+        print(f"gyre train: rank 0 saved the resume state {saved}; continue with\n"
+              f"  gyre train CONFIG --resume {run_dir}", file=sys.stderr)
     return RANK_LOST_EXIT if kind == "rank_lost" else ERROR_EXIT
 
 
@@ -243,6 +249,9 @@ def launch(args: argparse.Namespace, cells: int, run_dir: Path, pending=None) ->
     env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
                PYTHONPATH=os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p))
     env[LAUNCHED_ENV] = "1"
+    from gyre_hpc.runtime.lost import KILL_AFTER_S
+
+    env["OMPI_MCA_odls_base_sigkill_timeout"] = str(KILL_AFTER_S)  # a lost rank: rank 0 has time to save
     cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-n", str(1 + cells)] + _rank_command(args, run_dir)
     from gyre_hpc.runtime.preempt import REQUEST_FILE
 
@@ -422,9 +431,17 @@ def _abort_world_on_error(rank: int, run_dir: Path | None = None):
 
 def _role(cfg, args: argparse.Namespace, run_dir: Path, transport, comm, preemption) -> int:
     if transport.rank == 0:
+        from gyre_hpc.runtime import lost
         from gyre_hpc.runtime.root import run_root
 
-        out = run_root(cfg, run_dir, transport, comm, preemption)
+        # under gyre train a SIGTERM on rank 0 is mpirun tearing the job down (a rank died): save, exit 69
+        teardown = lost.Teardown().install() if os.environ.get(LAUNCHED_ENV) else None
+        out = run_root(cfg, run_dir, transport, comm, preemption, teardown)
+        if out.get("rank_lost"):
+            print(f"gyre train: rank 0: {out['rank_lost']}; resume state: {out.get('saved') or out.get('error')}",
+                  file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(RANK_LOST_EXIT)  # MPI_Finalize would wait for the rank that is gone
         if out.get("preempted") and not out.get("saved"):
             raise GyreError(f"preempted ({out['preempted']}), but the resume state could not be saved: "
                             f"{out.get('error')}; the last checkpoint is {run_dir / 'checkpoints' / 'latest'}")

@@ -188,6 +188,10 @@ class AllocatorServer:
             return False
 
     # ------------------------------------------------------------------ orderly shutdown
+    def abandon_shutdown(self) -> bool:
+        """True: stop waiting for Byes (the launcher is tearing the job down; a subclass knows)."""
+        return False
+
     def shutdown(self, reason: str) -> dict:
         """Shutdown to every cell that is not LOST, wait for their Byes, close the transport and the log."""
         if self.closed:
@@ -198,7 +202,7 @@ class AllocatorServer:
         waiting = {c for c in live if self._send(c, Shutdown(reason=reason, lost=tuple(self.ex.lost)), now)}
         deadline = now + self.cfg.shutdown_timeout_s
         backoff = Backoff(self.clock, self.cfg.poll_backoff_min_s, self.cfg.poll_backoff_max_s)
-        while waiting and self.clock.now() < deadline:
+        while waiting and self.clock.now() < deadline and not self.abandon_shutdown():
             try:
                 got = self.transport.poll()
             except ProtocolError:

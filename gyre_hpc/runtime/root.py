@@ -14,6 +14,8 @@
     preempted (SIGTERM/SIGUSR1, runtime.preempt): no more groups or decisions; once no step is pending, the
                resume state goes to RUN_DIR/resume and the cells get Shutdown("preempted: SIG"); no summary
     resumed (RUN_DIR/resume exists): buffer, counters and step records come back before the first decision
+    rank lost (mpirun's SIGTERM under ``gyre train``, runtime.lost): no orderly shutdown; the resume state of
+               what rank 0 holds goes to RUN_DIR/resume (event ``lost_rank_saved``), then exit 69
 
 Invariants (tests/integration/test_live_training.py)
 - Every decision comes from the same policy object the simulator drives (``make_policy``).
@@ -40,7 +42,7 @@ from gyre_hpc.allocator.types import Role
 from gyre_hpc.config import GyreConfig, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
 from gyre_hpc.io import atomic_write_json, atomic_write_text
-from gyre_hpc.runtime import dataloss, preempt
+from gyre_hpc.runtime import dataloss, lost, preempt
 from gyre_hpc.runtime.hub import Hub
 from gyre_hpc.runtime.rollouts import Rollouts
 from gyre_hpc.train import agreement
@@ -52,14 +54,17 @@ class LiveServer(AllocatorServer):
     """The allocator loop plus the hub's data plane in the same thread (the only thread that touches MPI)."""
 
     def __init__(self, *args, hub: Hub, before_shutdown=lambda reason: None, progress=lambda: None,
-                 preemption: preempt.Preemption | None = None, **kwargs):
+                 preemption: preempt.Preemption | None = None, teardown: lost.Teardown | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.hub, self.before_shutdown, self.progress = hub, before_shutdown, progress
         self.preemption = preemption or preempt.Preemption()
+        self.teardown = teardown or lost.Teardown()
         self.last_progress = 0.0
         self.lost_groups: dataloss.LostGroups | None = None
 
     def stop_reason(self) -> str | None:
+        if self.teardown.requested:  # a rank is gone: nothing else matters now
+            return self.teardown.reason()
         reason = super().stop_reason()
         if reason is None and self.lost_groups is not None and self.lost_groups.error is not None:
             return f"error: {self.lost_groups.error}"
@@ -84,15 +89,27 @@ class LiveServer(AllocatorServer):
             self.progress()
         return self.hub.poll() or changed
 
+    def abandon_shutdown(self) -> bool:
+        return self.teardown.requested  # mpirun is ending every rank: no Bye will come
+
     def shutdown(self, reason: str) -> dict:
         self.before_shutdown(reason)
-        return super().shutdown(reason)
+        if not reason.startswith(lost.REASON):
+            return super().shutdown(reason)
+        # the job is being torn down: no message to ranks that may be gone, no Byes to wait for
+        summary = {"reason": reason, "steps_done": self.state.steps_done, "version": self.state.version,
+                   "lost": self.ex.lost, "no_bye": []}
+        self.log.write({"event": "stop", **summary})
+        self.log.close()
+        self.closed = True
+        return summary
 
 
 def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
-             preemption: preempt.Preemption | None = None) -> dict:
+             preemption: preempt.Preemption | None = None, teardown: lost.Teardown | None = None) -> dict:
     """Drive the live run from rank 0; returns the summary (also written to summary.json), or
-    ``{"preempted": ...}`` when a preemption signal stopped it with its resume state saved."""
+    ``{"preempted": ...}`` when a preemption signal stopped it with its resume state saved, or
+    ``{"rank_lost": ...}`` when mpirun tore the job down (``teardown``, runtime.lost)."""
     from gyre_hpc.engines.launch import free_port
     from gyre_hpc.proxy.client import ProxyClient
     from gyre_hpc.proxy.launch import start_proxy
@@ -120,6 +137,7 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
 
         def on_step(rec: dict) -> None:
             steps.append(rec)
+            lost.hold(run_dir, rec["version"])  # the checkpoint a lost rank's resume state uses
             server.log.write({"event": "train_step", **rec})
             with open(run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(rec) + "\n")
@@ -154,6 +172,9 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
             rollouts.close()
 
         def before_shutdown(reason: str) -> None:
+            if reason.startswith(lost.REASON):  # mpirun kills rank 0 KILL_AFTER_S from now: save first, only
+                _save_lost(run_dir, server, hub, rollouts, steps, carry, end, time.perf_counter() - t0)
+                return
             with ProxyClient(proxy.url, timeout=30.0) as pc:
                 try:
                     end["proxy"] = preempt.add_proxy(carry.get("proxy", {}), pc.stats())
@@ -169,7 +190,7 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
 
         server = LiveServer(policy, cfg.allocator, transport, log, admit=rollouts.admit,
                             runs_per_query=cfg.agent.runs_per_group, hub=hub, before_shutdown=before_shutdown,
-                            progress=progress, preemption=preemption,
+                            progress=progress, preemption=preemption, teardown=teardown,
                             ready=lambda: rollouts.engines_serve(
                                 [c for c, cs in enumerate(server.state.cells) if cs.role is Role.ROLLOUT]))
         rollouts.post = server.post
@@ -187,6 +208,9 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
     finally:
         if proxy is not None:
             proxy.stop()
+    if stop["reason"].startswith(lost.REASON):
+        return {"rank_lost": stop["reason"], "saved": end.get("lost_saved"), "error": end.get("lost_error"),
+                "steps_done": stop["steps_done"], "run_dir": str(run_dir)}
     if stop["reason"].startswith("preempted"):
         return {"preempted": stop["reason"], "saved": "saved" in end, "error": end.get("preempt_error"),
                 "steps_done": stop["steps_done"], "run_dir": str(run_dir)}
@@ -195,6 +219,7 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
     atomic_write_json(run_dir / "summary.json", summary)
     _report(run_dir, cfg, steps, rollouts)
     shutil.rmtree(resume.resume_dir(run_dir), ignore_errors=True)  # finished: nothing left to resume
+    lost.drop_held(run_dir)
     return summary
 
 
@@ -273,6 +298,23 @@ def _save_resume(run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollou
                       "trained_batches": st.trained_batches, "lag_sum": st.lag_sum, "window": policy.window(st),
                       "next_gid": state["next_gid"], "inflight": state["inflight"],
                       "resume": str(resume.resume_dir(run_dir))})
+
+
+def _save_lost(run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollouts, steps: list[dict],
+               carry: dict, end: dict, wall_s: float) -> None:
+    """A rank is lost: RUN_DIR/resume from what rank 0 holds (runtime.lost); a failure is logged, never raised."""
+    try:
+        state = lost.snapshot(server, hub, rollouts, steps, carry, wall_s)
+        path = lost.save(run_dir, state)
+    except (GyreError, OSError) as exc:
+        end["lost_error"] = str(exc)
+        server.log.write({"event": "lost_rank_unsaved", "error": str(exc)})
+        return
+    end["lost_saved"] = str(path)
+    server.log.write({"event": "lost_rank_saved", "version": state["version"],
+                      "steps_done": state["sched"]["steps_done"], "buffer": [g["gid"] for g in state["buffer"]],
+                      "inflight": state["inflight"], "resume": str(path),
+                      "after_signal_s": round(time.monotonic() - (server.teardown.at or time.monotonic()), 3)})
 
 
 def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollouts, end: dict, carry: dict,

@@ -79,7 +79,7 @@ def submit(config: str | Path | None, overrides: Mapping[str, Any] | Sequence[st
            executor: str = "auto", timeout_min: int | None = None, **dotted: Any) -> "RunHandle":
     """Submit a live training run of ``config`` (a YAML path; None = the defaults) with ``overrides``."""
     from gyre_hpc.slurm.layout import check_live_run
-    from gyre_hpc.slurm.submit_tasks import train_local, train_rank
+    from gyre_hpc.slurm.submit_tasks import train_local
 
     sets = override_list(overrides, dotted)
     cfg = load_config(config, sets)
@@ -91,7 +91,12 @@ def submit(config: str | Path | None, overrides: Mapping[str, Any] | Sequence[st
     if timeout_min:
         params["timeout_min"] = timeout_min
     ex = make_executor(kind, run_dir / "submitit", params)
-    fn = train_rank if kind == "slurm" else train_local
+    if kind == "slurm":
+        from gyre_hpc.slurm.submit_requeue import TrainRank
+
+        fn = TrainRank()  # requeued, and resumed from RUN_DIR/resume, when it is preempted
+    else:
+        fn = train_local
     job = ex.submit(fn, str(config_path), str(run_dir))
     atomic_write_text(run_dir / "job_id", f"{job.job_id}\n")
     return RunHandle(job, run_dir, kind)

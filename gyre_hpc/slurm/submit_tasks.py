@@ -4,6 +4,8 @@
   ``submitit.JobEnvironment()``, checks that it agrees with the MPI world and with the layout's placement of
   that rank, then runs the rank's role through ``gyre train``'s own rank entry point (``jobs.train._rank``).
   Rank 0 returns the run's summary (summary.json); the other ranks return None.
+  With ``allow_preempted`` a rank that stopped for a preemption returns ``PREEMPTED`` instead (the submitit
+  job's ``TrainRank``, gyre_hpc/slurm/submit_requeue.py, then requeues the job).
 - ``train_local``: the local executor's job: ``gyre train``'s mpirun launcher (``jobs.train.launch``) with
   1 + K ranks on this machine, then the summary.
 - ``simulate_element``: one ``gyre sweep --simulate`` element: ``compare`` on the element's config, one row.
@@ -22,6 +24,10 @@ from typing import Any
 
 from gyre_hpc.config import load_config
 from gyre_hpc.errors import GyreError, LayoutError
+from gyre_hpc.resume import PREEMPTED_EXIT
+
+#: what ``train_rank`` returns for a rank that stopped for a preemption with the resume state saved
+PREEMPTED = "preempted"
 
 
 def _args(config: str, run_dir: str) -> argparse.Namespace:
@@ -46,7 +52,7 @@ def check_world(job_rank: int, job_tasks: int, mpi_rank: int, mpi_size: int, cel
                           f"{mpi_size}: the tasks did not form one MPI world; {fix}")
 
 
-def train_rank(config: str, run_dir: str) -> dict[str, Any] | None:
+def train_rank(config: str, run_dir: str, allow_preempted: bool = False) -> dict[str, Any] | None:
     import submitit
     from mpi4py import MPI
 
@@ -60,7 +66,9 @@ def train_rank(config: str, run_dir: str) -> dict[str, Any] | None:
     check_world(job.global_rank, job.num_tasks, world.Get_rank(), world.Get_size(), cfg.cluster.cells)
     env = slurm_env.from_environ()
     plan_from_env(cfg.cluster, env).placement_from_env(env)  # on the node the layout gives this rank
-    _rank(cfg, _args(config, run_dir))
+    code = _rank(cfg, _args(config, run_dir))
+    if allow_preempted and code == PREEMPTED_EXIT:
+        return PREEMPTED
     return _summary(Path(run_dir), "srun") if job.global_rank == 0 else None
 
 

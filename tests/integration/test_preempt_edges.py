@@ -6,7 +6,8 @@
 - a preemption at the last step exits 75 (or finishes, if the last step was already out), and ``--resume``
   finishes; with ``allocator.preempt_inflight=drop`` the interrupted queries are counted, not re-issued;
   event times grow across the segments;
-- SIGKILL of one cell's rank ends the run as ``rank_lost`` with its own exit status, never ``preempted``."""
+- SIGKILL of one rollout cell's rank ends the run as ``rank_lost`` with its own exit status (69), never
+  ``preempted``; rank 0 saves a resume state first (runtime/lost.py) and ``--resume`` finishes the run."""
 import json
 import os
 import signal
@@ -126,10 +127,10 @@ def cell_rank(proc: subprocess.Popen, rank: int) -> psutil.Process:
     pytest.fail(f"no rank {rank} found")
 
 
-def test_sigkill_of_a_cell_rank_ends_the_run_as_rank_lost_never_preempted(mpirun, tmp_path):
-    proc = gyre_train(tmp_path, "kill")
+def test_sigkill_of_a_rollout_cells_rank_exits_69_with_a_resume_state_that_finishes(mpirun, tmp_path):
+    proc = gyre_train(tmp_path, "kill", "--set", f"allocator.steps={2 * STEPS}")  # the kill lands mid-run
     wait_steps(tmp_path, proc, 1)
-    cell_rank(proc, 2).kill()
+    cell_rank(proc, 2).kill()  # rank 2 = cell 1, the rollout cell (async_train_cells=1: cell 0 is the core)
     code, _, stderr = finish(proc)
     (run_dir,) = tmp_path.glob("kill-*")
     assert code == RANK_LOST_EXIT, stderr[-4000:]
@@ -137,3 +138,10 @@ def test_sigkill_of_a_cell_rank_ends_the_run_as_rank_lost_never_preempted(mpirun
     events = read_events(run_dir / "events.jsonl")
     kinds = [e["event"] for e in events]
     assert "preempted" not in kinds and kinds[-1] == "rank_lost"
+    assert "lost_rank_saved" in kinds and events[-1]["resume"] == str(run_dir / "resume"), stderr[-4000:]
+    state = json.loads((run_dir / "resume" / "state.json").read_text())
+    assert 1 <= state["sched"]["steps_done"] < 2 * STEPS
+    summary = resume_to_the_end(tmp_path, run_dir, "--set", f"allocator.steps={2 * STEPS}")
+    assert summary["steps"] == 2 * STEPS and summary["segments"] == 2
+    assert summary["queries_reissued"] == len(state["inflight"])
+    assert_one_time_line(run_dir)

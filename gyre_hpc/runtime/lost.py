@@ -1,0 +1,144 @@
+"""A rank lost under ``gyre train`` (edge: signals, files): rank 0 saves what it has, then the job fails with 69.
+
+::
+
+    a cell's rank dies (SIGKILL, OOM killer, a crash)
+      mpirun sees it and tears the job down: SIGTERM to every other rank, SIGKILL ``KILL_AFTER_S`` later
+      (``gyre train`` sets Open MPI's ``odls_base_sigkill_timeout`` to it)
+    rank 0 (``Teardown`` installed: under ``gyre train`` a signal on a rank is never a preemption, which comes
+    as RUN_DIR/preempt.request)
+      the allocator loop stops at its next pass (reason ``rank_lost: ...``): Rollouts.close, no orderly
+      shutdown (no message goes to a rank that may be gone, the runs are not cut: the proxy and the harness
+      end with rank 0), RUN_DIR/resume written first from what rank 0 holds (this segment's proxy counters
+      are not in it):
+        - the buffer: the groups out for the unfinished step, then the ready ones, each with its ready_version
+        - the queries in flight (re-issued by ``--resume`` as after a preemption)
+        - the core's checkpoint of the last step rank 0 applied: ``hold`` keeps hard links of it in
+          RUN_DIR/checkpoints/applied at every STEPPED (the core may have saved a newer one whose STEPPED
+          never arrived; that step is trained again after the resume)
+        - the staleness counters of those steps (rebuilt from the step records when the allocator's control
+          plane had not applied the last one yet)
+      event ``lost_rank_saved``; rank 0 exits ``RANK_LOST_EXIT`` at once (MPI_Finalize would wait for the dead)
+    ``gyre train`` appends ``rank_lost`` (with the resume path) and exits 69; ``--resume RUN_DIR`` continues.
+
+Invariants (tests/integration/test_preempt_edges.py::test_sigkill_of_a_rollout_cells_rank_exits_69_with_a_resume_state_that_finishes)
+- The saved state passes ``gyre_hpc.resume.load``: its checkpoint holds its version, the step records and the
+  SchedState counters agree.
+- No buffered group was trained in that checkpoint (the groups of an unfinished step are buffered again).
+
+Not covered: a rank 0 blocked inside an MPI call to the dead rank (a large group being sent to it) runs no Python
+until mpirun's SIGKILL: no resume state then (the previous one, if any, stays). Under srun (no ``gyre train``)
+the step's SIGTERM is taken for a preemption: the resume state is written the same way, with exit 75.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+from gyre_hpc import resume
+from gyre_hpc.errors import CheckpointError
+from gyre_hpc.io import atomic_dir
+from gyre_hpc.runtime import preempt
+
+#: exit status of a run that lost a rank (EX_UNAVAILABLE); jobs/train.py uses the same number
+RANK_LOST_EXIT = 69
+#: seconds mpirun waits between its SIGTERM and its SIGKILL when it tears a job down (Open MPI's default: 1);
+#: rank 0 saves in milliseconds (measured 6 ms after the signal), and mpirun outlives its ranks by about this long
+KILL_AFTER_S = 3
+HELD = "applied"
+REASON = "rank_lost"
+
+
+class Teardown:
+    """The SIGTERM mpirun sends when it ends the job because a rank died; ``on_signal`` runs in the handler."""
+
+    def __init__(self):
+        self.signal: str | None = None
+        self.at: float | None = None
+
+    def install(self) -> "Teardown":
+        signal.signal(signal.SIGTERM, self._handler)
+        return self
+
+    def _handler(self, signum, frame) -> None:
+        if self.signal is None:
+            self.signal, self.at = signal.Signals(signum).name, time.monotonic()
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
+
+    def reason(self) -> str:
+        return f"{REASON}: {self.signal} from mpirun (a rank of the job ended)"
+
+
+def held_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints" / HELD
+
+
+def hold(run_dir: Path, version: int) -> bool:
+    """Keep hard links of checkpoints/latest as checkpoints/applied if it holds ``version`` (the step rank 0
+    just applied; the core saves it before it reports the step, and saves no newer one before the next batch)."""
+    latest = preempt.checkpoint_dir(run_dir)
+    if _version(latest) != version:
+        return False
+    try:
+        with atomic_dir(held_dir(run_dir)) as tmp:
+            for f in sorted(latest.iterdir()):
+                os.link(f, tmp / f.name)
+    except (OSError, CheckpointError):
+        return False  # the core replaced it meanwhile: the next step holds again
+    return True
+
+
+def checkpoint_for(run_dir: Path, version: int) -> Path | None:
+    """A checkpoint directory of exactly ``version``: the held one, the core's latest, or the resumed one."""
+    for d in (held_dir(run_dir), preempt.checkpoint_dir(run_dir), resume.resume_dir(run_dir) / resume.CHECKPOINT):
+        if _version(d) == version:
+            return d
+    return None
+
+
+def _version(d: Path) -> int | None:
+    try:
+        return int(json.loads((d / "meta.json").read_text())["version"])
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+
+
+def snapshot(server, hub, rollouts, steps: list[dict], carry: dict, wall_s: float) -> dict:
+    """The resume state at the moment of the loss (``preempt.snapshot``, consistent even mid-step)."""
+    rollouts.close()
+    state = preempt.snapshot(server, hub, rollouts, steps, carry, wall_s)
+    if state["sched"]["version"] != hub.version or state["sched"]["steps_done"] != len(steps):
+        state["sched"] = sched_from_steps(steps, state["sched"])  # the control plane lags the data plane
+    return state
+
+
+def sched_from_steps(steps: list[dict], sched: dict) -> dict:
+    """The SchedState counters the step records imply (``SchedState.apply_step`` adds each step's mean lag)."""
+    return {**sched, "version": len(steps), "steps_done": len(steps), "trained_batches": len(steps),
+            "lag_sum": sum(max(0.0, float(s["staleness_mean"])) for s in steps)}
+
+
+def save(run_dir: Path, state: dict) -> Path:
+    """Write RUN_DIR/resume for ``state``: with the checkpoint of its version, or none at version 0 (the core
+    had not published yet: the resumed core starts from the config's seed)."""
+    ckpt = checkpoint_for(run_dir, state["version"])
+    if ckpt is not None:
+        return resume.save(run_dir, state, ckpt)
+    if state["version"] != 0:
+        raise CheckpointError(f"{run_dir}: no checkpoint of version {state['version']} to resume from")
+    with atomic_dir(resume.resume_dir(run_dir)) as tmp:
+        (tmp / resume.STATE).write_text(json.dumps({"format": resume.FORMAT, **state}, indent=1, sort_keys=True)
+                                        + "\n")
+    return resume.resume_dir(run_dir)
+
+
+def drop_held(run_dir: Path) -> None:
+    """The run finished: the held links are not needed any more."""
+    shutil.rmtree(held_dir(run_dir), ignore_errors=True)

@@ -1,0 +1,78 @@
+"""Preemption of a job submitted from Python (``gyre_hpc.submit``, submitit on the real local SLURM cluster, 1 + 2
+ranks over pmix on 2 emulated nodes): ``scancel --signal=USR1 JOBID`` reaches every rank of the step; the ranks
+save RUN_DIR/resume and exit 75; rank 0's ``TrainRank`` (a submitit ``Checkpointable``) stores its
+``checkpoint()`` resubmission and requeues the job; the same job id runs again on the same RUN_DIR, resumes and
+finishes, and ``run.result()`` is the summary of both segments.
+
+SLURM holds a requeued job for about two minutes (its BeginTime); the test lifts the hold with
+``scontrol update JobId=J StartTime=now`` as an administrator would (as test_slurm_preempt.py does)."""
+import json
+import re
+import subprocess
+import time
+
+import pytest
+
+import gyre_hpc
+from gyre_hpc.allocator.eventlog import read_events
+from gyre_hpc.slurm.submit_requeue import TrainRank
+from slurm_cluster import ROOT, local_slurm  # noqa: F401  (fixture)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow,
+              pytest.mark.timeout(1500)]
+
+STEPS = 3
+LIVE = {"cluster.cells": 2, "allocator.steps": STEPS, "scheduler.policy": "async", "scheduler.async_train_cells": 1,
+        "scheduler.batch_groups": 2, "agent.runs_per_group": 2, "agent.turns": [1, 2], "agent.timeout_s": 120,
+        "allocator.hello_timeout_s": 600, "allocator.heartbeat_timeout_s": 300, "proxy.startup_timeout_s": 180,
+        "engine.startup_timeout_s": 600, "agent.tool_time_median_s": 1.0}
+TIMEOUT_S = 900
+
+
+def job(job_id: str) -> str:
+    return subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
+
+
+def ended(job_id: str) -> bool:
+    return bool(re.search(r"JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|PREEMPTED)", job(job_id)))
+
+
+def wait_until(cond, what: str, timeout: float = TIMEOUT_S) -> None:
+    deadline = time.time() + timeout
+    while not cond():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def steps_done(run) -> int:
+    path = run.run_dir / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+def test_checkpoint_resubmits_the_same_rank_function_on_the_same_run_dir():
+    task = TrainRank()
+    again = task.checkpoint("config.yaml", "/runs/r")
+    assert again.function is task and again.args == ("config.yaml", "/runs/r") and again.kwargs == {}
+
+
+def test_a_preempted_submitit_job_is_requeued_and_resumes_to_the_end(local_slurm, tmp_path):
+    run = gyre_hpc.submit(str(ROOT / "configs" / "local_4node.yaml"), LIVE, executor="slurm",
+                          **{"run.out_dir": str(tmp_path / "runs"), "run.name": "requeue"})
+    wait_until(lambda: steps_done(run) >= 1 or ended(run.job_id), "the first step")
+    assert "JobState=RUNNING" in job(run.job_id), job(run.job_id)
+    subprocess.run(["scancel", "--signal=USR1", run.job_id], check=True)  # every task of the step
+    wait_until(lambda: "Restarts=1" in job(run.job_id) or ended(run.job_id), "the requeue")
+    assert "Restarts=1" in job(run.job_id), job(run.job_id)
+    wait_until(lambda: "JobState=PENDING" in job(run.job_id) or ended(run.job_id), "the requeued job to pend", 120)
+    time.sleep(3)  # a start in the second of the requeue fails: "Job credential revoked"
+    subprocess.run(["scontrol", "update", f"JobId={run.job_id}", "StartTime=now"], check=True)
+    summary = run.result(timeout_s=TIMEOUT_S)
+    assert summary["steps"] == STEPS and summary["segments"] == 2
+    events = read_events(run.run_dir / "events.jsonl")
+    (pre,) = [e for e in events if e["event"] == "preempted"]
+    (res,) = [e for e in events if e["event"] == "resumed"]
+    assert pre["signal"] == "SIGUSR1" and 1 <= pre["steps_done"] < STEPS
+    assert res["steps_done"] == pre["steps_done"] and res["version"] == pre["version"]
+    steps = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
