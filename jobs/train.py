@@ -175,7 +175,7 @@ def _failed(cfg, run_dir: Path, code: int) -> int:
                 f.write(json.dumps(rec) + "\n")
     print(f"gyre train: {kind}: {why}; the live run ended (mpirun exit {code}) without a summary; see {run_dir} "
           f"(events.jsonl, cells/, proxy.log, mpirun.log)", file=sys.stderr)
-    if saved is not None and kind == "rank_lost":
+    if saved is not None:
         print(f"gyre train: rank 0 saved the resume state {saved}; continue with\n"
               f"  gyre train CONFIG --resume {run_dir}", file=sys.stderr)
     return RANK_LOST_EXIT if kind == "rank_lost" else ERROR_EXIT
