@@ -171,7 +171,10 @@ class Chaos:
             while pending and proc.poll() is None:
                 fault = pending[0]
                 base = steps_done(self.run_dir)
-                target = min(base + fault["after_steps"], self.args.steps - 1)
+                # an engine is killed once the segment trains (engines serve); a preemption or a rank kill may
+                # also land while the segment is still starting (after_steps 0 of a resumed segment)
+                after = max(fault["after_steps"], 1) if fault["kind"] == "engine" else fault["after_steps"]
+                target = min(base + after, self.args.steps - 1)
                 if base >= self.args.steps - 1 or not self.wait_for(proc, max(target, 1), fault["delay_s"]):
                     break  # the run is at its last step, or the segment ended: the fault waits for the next one
                 pending.pop(0)

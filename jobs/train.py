@@ -109,12 +109,14 @@ def run(args: argparse.Namespace) -> int:
         if not resume.exists(run_dir):
             resume.save_empty(run_dir)
         return _preempted(args, run_dir)
+    events_path = run_dir / cfg.allocator.events_file
+    before = len(events_path.read_bytes().splitlines()) if events_path.is_file() else 0
     code = launch(args, cfg.cluster.cells, run_dir, preemption)
     if code == PREEMPTED_EXIT:
         return _preempted(args, run_dir)
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
-        return _failed(cfg, run_dir, code)
+        return _failed(cfg, run_dir, code, before)
     summary = json.loads(summary_path.read_text())
     _print(summary, args.json)
     if summary.get("groups_lost"):
@@ -146,10 +148,11 @@ def _early_preemption(rank: bool):
     return pending
 
 
-def _failed(cfg, run_dir: Path, code: int) -> int:
+def _failed(cfg, run_dir: Path, code: int, before: int = 0) -> int:
     """mpirun ended without a summary and not preempted: an ``error`` event if a rank reported one (rank 0 writes
     it, and every rank that raises leaves RUN_DIR/errors/rankN.txt), else ``rank_lost``; one line, and the exit
-    status of that kind."""
+    status of that kind. ``before``: how many events earlier segments wrote (a resume state this segment's rank 0
+    saved, event ``lost_rank_saved``, is named in the event and the message)."""
     from gyre_hpc.allocator.eventlog import read_events
 
     path = run_dir / cfg.allocator.events_file
@@ -164,9 +167,7 @@ def _failed(cfg, run_dir: Path, code: int) -> int:
         kind, why = "error", f"{errors[0].stem}: {errors[0].read_text().strip().splitlines()[0][:300]}"
     else:
         kind, why = "rank_lost", f"a rank ended without finishing its role (mpirun exit {code})"
-    starts = [i for i, e in enumerate(events) if e["event"] == "start"]
-    segment = events[starts[-1]:] if starts else []  # this segment's events (rank 0 wrote "start" first)
-    saved = next((e["resume"] for e in segment if e["event"] == "lost_rank_saved"), None)
+    saved = next((e["resume"] for e in events[before:] if e["event"] == "lost_rank_saved"), None)
     if not events or events[-1]["event"] != "error":
         rec = {"t": max((e.get("t", 0.0) for e in events), default=0.0), "wall": round(time.time(), 6),
                "event": kind, "error": why, "mpirun_exit": code, "resume": saved}
