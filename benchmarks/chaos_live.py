@@ -7,8 +7,9 @@ A seeded plan shuffles the faults: SIGKILL of an engine process (the run goes on
 SIGKILL of one whole cell rank (the run ends with exit 69 and rank 0's resume state, runtime/lost.py), and a
 preemption (SIGTERM to ``gyre train``: exit 75 with the resume state). Each fault waits for a seeded step count
 of the current segment plus a seeded delay. Whenever ``gyre train`` exits 69 or 75 with a resume state, the
-benchmark starts ``gyre train --resume RUN_DIR`` at once, until the run finishes (exit 0) or a segment ends
-without a resume state (the run is lost). 10 s after each segment's launcher exited it counts the processes of
+benchmark starts ``gyre train --resume RUN_DIR`` at once (also after exit 70, an error, when rank 0 saved the
+state: an engine killed while it starts ends its cell's rank with an error), until the run finishes (exit 0) or a
+segment ends without a resume state (the run is lost). 10 s after each segment's launcher exited it counts the processes of
 that segment still alive (the check of benchmarks/security_probe.py).
 
 There are no trainer-worker kills: the trainer runs inside its cell's rank (docs/reliability.md, "What a dead
@@ -46,7 +47,9 @@ OVERRIDES = ["cluster.cells=2", "scheduler.policy=async", "scheduler.async_train
              "agent.runs_per_group=2", "agent.turns=[1, 2]", "allocator.hello_timeout_s=600",
              "allocator.heartbeat_timeout_s=300", "proxy.startup_timeout_s=180", "engine.startup_timeout_s=600",
              "agent.timeout_s=120", "agent.tool_time_median_s=1.0"]
-RESUMABLE = (69, 75)
+#: exit statuses after which a resume state may have been written: rank lost, error (rank 0 saves on both when it
+#: survives), preempted
+RESUMABLE = (69, 70, 75)
 
 
 def steps_done(run_dir: Path | None) -> int:
@@ -209,6 +212,7 @@ class Chaos:
             "rank_kills": sum(f["kind"] == "rank" for f in applied),
             "engine_restarts": sum(e["event"] == "engine_restarted" for e in events),
             "rank_lost_events": sum(e["event"] == "rank_lost" for e in events),
+            "error_segments": sum(seg["exit"] == 70 for seg in self.segments),
             "faults": faults, "segments": self.segments, "seed": self.args.seed, "run_dir": str(self.run_dir),
         }
 

@@ -15,7 +15,9 @@ Invariants
 - An engine never inherits the caller's torch.distributed rendezvous variables (``DIST_ENV``): started from a
   trainer process it still forms its own one-process world.
 - ``start_engine_on_free_port`` retries on another free port only when the engine could not bind its port
-  (another process took it between ``free_port`` and the bind); any other failure raises at once. A failed bind
+  (another process took it between ``free_port`` and the bind) or a signal killed it while it started
+  (``KILLED_STARTING``: a dead engine is restarted, tests/integration/test_engine_start_retry.py); any other
+  failure raises at once. A failed bind
   is read from the log (``PORT_TAKEN``) and fails the start at once, also when the process does not exit.
 - An engine that cannot start raises ``EngineError`` naming it (``name``, e.g. the cell, and its kind) with the tail
   of its log; SGLang on a CPU (``engine.device`` cpu, or auto without CUDA) runs with ``SGLANG_USE_CPU_ENGINE=1``,
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -97,7 +100,9 @@ class EngineHandle:
         with EngineClient(self.url, connect_retries=0) as client:
             while time.monotonic() < deadline:
                 if not self.alive():
-                    raise EngineError(f"{self.name} at {self.url} exited with {self.process.returncode} before it "
+                    rc = self.process.returncode
+                    how = f" ({KILLED_STARTING} {_signal_name(-rc)})" if rc is not None and rc < 0 else ""
+                    raise EngineError(f"{self.name} at {self.url} exited with {rc}{how} before it "
                                       f"was ready; log {self.log_path}:\n{self.log_tail()}")
                 if client.health(timeout=2.0):
                     return
@@ -200,18 +205,29 @@ def sglang_env(device: str) -> dict[str, str]:
 
 #: what the engine's log says when another process took its port first (uvicorn: "[Errno 98] ... address already in use")
 PORT_TAKEN = "address already in use"
+#: in the error of an engine that a signal ended while it started (an operator's or the OOM killer's SIGKILL): a
+#: dead engine like one that dies serving, so its start is tried again (issue 15: a dead engine is restarted)
+KILLED_STARTING = "killed by"
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
 
 
 def start_engine_on_free_port(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0,
                               log_path: str | Path | None = None, tries: int = 3, name: str = "engine") -> EngineHandle:
     """``start_engine`` on a port that ``free_port`` found free. On a shared machine another process can bind it
-    before the engine does (seen in live runs); then the engine exits and another port is tried, ``tries`` times."""
+    before the engine does (seen in live runs); then the engine exits and another port is tried, ``tries`` times.
+    An engine a signal killed while it started is started again the same way (``KILLED_STARTING``)."""
     for attempt in range(1, tries + 1):
         try:
             return start_engine(engine_cfg, model_cfg, seed, port=free_port(engine_cfg.host), log_path=log_path,
                                 name=name)
         except EngineError as exc:
-            if PORT_TAKEN not in str(exc) or attempt == tries:
+            if (PORT_TAKEN not in str(exc) and KILLED_STARTING not in str(exc)) or attempt == tries:
                 raise
 
 
