@@ -42,6 +42,7 @@ import queue
 from collections import deque
 from typing import Any, Callable
 
+from gyre_hpc.allocator.batches import batch_may_start
 from gyre_hpc.allocator.types import Role
 from gyre_hpc.cell import dataplane as dp
 
@@ -114,7 +115,9 @@ class Hub:
             return None
         if not self.handed and not self.burst_open():
             return None  # the burst has its mu steps: the next batch waits for the next burst
-        if not self.streaming and (not self.handed and len(self.ready) < self.B or self._had_share(cell)):
+        if not batch_may_start(self.streaming, bool(self.handed), len(self.ready), self.B):
+            return None  # a fixed batch starts only once it is whole (allocator.batches)
+        if not self.streaming and self._had_share(cell):
             return None
         group = self.ready.popleft()
         self.handed.append(group)
