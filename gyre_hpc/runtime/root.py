@@ -234,11 +234,13 @@ def _error_event(run_dir: Path, cfg: GyreConfig, transport, exc: BaseException, 
     """An unrecoverable error on rank 0: one ``error`` event in events.jsonl (best effort: the disk may be full)."""
     if isinstance(exc, KeyboardInterrupt):
         return
-    rec = {"t": round(transport.clock.now(), 6), "wall": round(time.time(), 6), "event": "error",
-           "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500], "resume": resume_at}
+    rec = {"event": "error", "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500], "resume": resume_at}
     try:
-        with open(run_dir / cfg.allocator.events_file, "a", encoding="utf-8") as f:
-            f.write(json.dumps(rec) + "\n")
+        log = EventLog(run_dir / cfg.allocator.events_file, transport.clock)
+        try:
+            log.write(rec)
+        finally:
+            log.close()
     except OSError:
         pass
 
