@@ -32,7 +32,7 @@ from pathlib import Path
 import yaml
 
 from gyre_hpc import resume
-from gyre_hpc.allocator.batches import burst_open
+from gyre_hpc.allocator import batches
 from gyre_hpc.allocator.eventlog import EventLog, read_events
 from gyre_hpc.allocator.policies import make_policy
 from gyre_hpc.allocator.server import AllocatorServer
@@ -144,7 +144,7 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
             # steps of this burst the allocator knows, plus those the core reported on the data plane that the
             # allocator has not applied yet (the two planes race: STEPPED can arrive before TrainProgress)
             unapplied = max(0, hub.version - server.state.version)
-            return burst_open(policy.mu, server.state.burst_steps + unapplied)
+            return batches.burst_open(policy.mu, server.state.burst_steps + unapplied)
 
         hub = Hub(comm, cfg.scheduler.batch_groups, policy.streaming, cfg.cluster.cells,
                   lambda c: server.state.cells[c].role, on_step, burst_open=burst_open,
