@@ -46,6 +46,7 @@ from gyre_hpc.allocator.types import Role
 from gyre_hpc.cell import dataplane as dp
 from gyre_hpc.cell.rollout import RolloutSide
 from gyre_hpc.cell.training import CoreTrainer, SatelliteTrainer
+from gyre_hpc.clock import wait_until
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import GyreError, TransferError
 from gyre_hpc.io import atomic_write_json
@@ -108,10 +109,7 @@ class CellRunner:
                     self.rollout.refresh()
         finally:
             if self.is_core:  # take what satellites still send, so none of them waits on the core
-                deadline = time.monotonic() + 1.0
-                while time.monotonic() < deadline:
-                    if dp.poll(self.comm, dp.GRADS) is None:
-                        time.sleep(0.01)
+                wait_until(lambda: False, 1.0, poll_s=0.01, idle=self._drop_grads)  # one second of draining
             self.rollout.stop()
             stats = self._stats()
             if self.trainer is not None:
@@ -193,6 +191,10 @@ class CellRunner:
         return timing
 
     # ------------------------------------------------------------------ training
+    def _drop_grads(self) -> None:
+        while dp.poll(self.comm, dp.GRADS) is not None:
+            pass
+
     def _train_once(self) -> None:
         self.comm.send({"cell": self.cell}, dest=dp.HUB, tag=dp.WANT)
         reply = self._await_group()
@@ -225,14 +227,16 @@ class CellRunner:
             return self._busy(self.trainer.ensure, version)
         except TransferError:
             # the Shutdown may sit unread in MPI (no progress during the pull): look for a while, not just once
-            deadline = time.monotonic() + SHUTDOWN_LOOK_S
-            while not any(isinstance(o, Shutdown) for o in self.stash) and time.monotonic() < deadline:
-                self.link.beat()
-                if (order := self.link.next_order(0.05)) is not None:
-                    self.stash.append(order)
+            wait_until(lambda: any(isinstance(o, Shutdown) for o in self.stash), SHUTDOWN_LOOK_S, poll_s=0.0,
+                       idle=self._look_for_order)  # the look itself waits (next_order blocks up to 0.05 s)
             if any(isinstance(o, Shutdown) for o in self.stash):
                 raise _RunOver from None
             raise
+
+    def _look_for_order(self) -> None:
+        self.link.beat()
+        if (order := self.link.next_order(0.05)) is not None:
+            self.stash.append(order)
 
     def _send_data(self, payload: dict, dest: int, tag: int) -> None:
         """Send without blocking the heartbeats (a large message waits until the core receives it)."""
