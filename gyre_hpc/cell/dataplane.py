@@ -6,7 +6,7 @@ right after building its ``MpiTransport``), so nothing here can match a control 
     cell  ──WANT(cell, have_version)─────────────▶ rank 0 (the hub)
     cell  ◀─GROUP(version, group | None, desc)──── rank 0
     satellite ──GRADS(version, gid, Z, grads, lag, group, extra)▶ core cell's rank
-    core  ──STEPPED(version, step record)────────▶ rank 0
+    core  ──STEPPED(version, step record, progress)▶ rank 0   (the one report of an optimizer step)
 
 The hub (``runtime.hub``) hands each optimizer step exactly ``batch_groups`` ready groups, in completion order,
 only to cells that the allocator's state has in TRAIN; the core steps once it holds the gradients of all of

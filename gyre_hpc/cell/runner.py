@@ -167,7 +167,7 @@ class CellRunner:
                 return  # Shutdown is next in the stash
         else:
             if self.is_core:
-                self._report(0)
+                self._report()
             timing.update(self._busy(self.rollout.start))
         self.role = order.role
         timing["total_s"] = time.perf_counter() - t0
@@ -270,17 +270,20 @@ class CellRunner:
             return
         if self.trainer.groups >= self.cfg.scheduler.batch_groups:
             rec = self._busy(self.trainer.step)  # train.epochs updates + publish: heartbeats go on meanwhile
-            self.comm.send(rec, dest=dp.HUB, tag=dp.STEPPED)
-            self._report(1, rec["staleness_mean"])
+            # STEPPED is the step's one report: it carries the groups processed since the last TrainProgress, and
+            # rank 0 applies it to the allocator's state in the pass its hub takes it (no TrainProgress for a step)
+            progress = {"groups": self.trainer.unreported, "work_s": self.work_s}
+            self.comm.send({**rec, "progress": progress}, dest=dp.HUB, tag=dp.STEPPED)
+            self.trainer.unreported, self.work_s = 0, 0.0
         elif self.trainer.unreported:
-            self._report(0)
+            self._report()
 
-    def _report(self, step: int, mean_lag: float = 0.0) -> None:
+    def _report(self) -> None:
+        """The groups processed since the last report (TrainProgress at the current version; never a step)."""
         tr = self.trainer
-        if not step and not tr.unreported:
+        if not tr.unreported:
             return
-        self.link.send(TrainProgress(cell=self.cell, version=tr.version, groups=tr.unreported,
-                                     work_s=self.work_s, mean_lag=max(0.0, mean_lag)))
+        self.link.send(TrainProgress(cell=self.cell, version=tr.version, groups=tr.unreported, work_s=self.work_s))
         tr.unreported, self.work_s = 0, 0.0
 
     def _carry_stats(self) -> None:

@@ -13,7 +13,9 @@ when
   switch first must not train the whole batch while the satellites are still pulling its weights;
 - a new version's batch starts only while the burst has fewer than the policy's ``mu`` steps;
 
-otherwise with ``None``. The core's STEPPED (after its optimizer step) opens the next version's batch.
+otherwise with ``None``. The core's STEPPED (after its optimizer step) opens the next version's batch; it is the
+step's one report: ``on_step`` (rank 0's root) applies it to the allocator's state before any other WANT is
+answered.
 
 Preemption: ``freeze()`` answers every WANT with ``None`` from then on; once no step is pending (fewer than
 ``batch_groups`` groups out, so the core cannot step again), ``buffer()`` is the trajectory buffer to save: the
