@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from statistics import mean, median
 
+from gyre_hpc.jsonl import read_objects
+
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -45,7 +47,7 @@ def launch(config: str, seed: int, overrides: list[str], out_dir: str) -> Path:
 
 def summarize(run_dir: Path, window: int) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
-    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [rec for _, rec in read_objects(run_dir / "metrics.jsonl", torn_tail=True, what="metrics")]
     rewards = [s["reward"] for s in steps if s.get("reward") is not None]
     first, last = mean(rewards[:window]), mean(rewards[-window:])
     return {"run_dir": str(run_dir), "seed": _seed(run_dir), "steps": len(steps), "wall_s": summary["wall_s"],

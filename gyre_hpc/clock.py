@@ -9,12 +9,17 @@ Invariants
 - ``ManualClock.sleep(dt)`` advances ``now()`` by exactly ``dt``; a negative duration is a ``ValueError``
   (a caller computing a negative wait has a bug).
 - ``ManualClock`` is safe to share between threads (one lock guards the time and the hooks).
+- ``wait_until(predicate, timeout, clock)`` is the one wait loop: it calls ``predicate`` at least once, returns
+  its first truthy value, and otherwise returns its last (falsy) value after a call made once ``timeout`` seconds
+  of ``clock`` had passed; it never sleeps past the deadline, and all its time goes through ``clock``.
 """
 from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Protocol
+from typing import Callable, Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class Clock(Protocol):
@@ -67,3 +72,25 @@ class ManualClock:
             self.slept.append(dt)
             for hook in list(self.on_sleep):
                 hook(now)
+
+
+def wait_until(predicate: Callable[[], T], timeout: float | None, clock: Clock | None = None, *,
+               poll_s: float = 0.05, max_poll_s: float | None = None,
+               idle: Callable[[], None] | None = None) -> T:
+    """Call ``predicate`` until it returns something truthy (returned) or ``timeout`` seconds of ``clock`` (default
+    a new ``WallClock``; None: no limit) have passed (its last, falsy, value is returned). Between calls ``idle()``
+    runs (heartbeats, draining) and the clock sleeps ``poll_s``, doubling up to ``max_poll_s`` when given."""
+    clock = clock or WallClock()
+    deadline = None if timeout is None else clock.now() + timeout
+    sleep = poll_s
+    while True:
+        got = predicate()
+        if got:
+            return got
+        if deadline is not None and clock.now() >= deadline:
+            return got
+        if idle is not None:
+            idle()
+        clock.sleep(sleep if deadline is None else max(0.0, min(sleep, deadline - clock.now())))
+        if max_poll_s is not None:
+            sleep = min(sleep * 2, max_poll_s)

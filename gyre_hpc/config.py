@@ -410,14 +410,22 @@ class ProxyConfig:
         require(self.event_log is None or self.event_log.strip() != "", "event_log", "must be a path or null")
 
 
-POLICY_NAMES = ("gyre", "colocate", "async", "async_streaming", "colocate_streaming")
+#: The scheduling policies, named once: the loader checks ``scheduler.policy`` and ``sim.policies`` against this type
+#: (``check_policy_name`` for a name that did not come through the loader); ``allocator.policies`` implements them.
+PolicyName = Literal["gyre", "colocate", "async", "async_streaming", "colocate_streaming"]
+POLICY_NAMES: tuple[str, ...] = typing.get_args(PolicyName)
+
+
+def check_policy_name(name: str, key: str = "scheduler.policy") -> str:
+    """``name`` if it names a policy; else the loader's ``ConfigError`` (the one check of a policy name)."""
+    return _convert(PolicyName, name, key)
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     """The scheduling policy (pure decisions): when cells switch roles and how far generation runs ahead."""
 
-    policy: Literal["gyre", "colocate", "async", "async_streaming", "colocate_streaming"] = param(
+    policy: PolicyName = param(
         "gyre", "Policy of a live run: gyre (elastic cells), colocate, async, or an ablation."
     )
     batch_groups: int = param(8, "B: groups (queries) per optimizer step.")
@@ -524,7 +532,7 @@ class WorkloadConfig:
 class SimConfig:
     """The simulator: which policies to compare, for how many steps, and the physics of a cell."""
 
-    policies: tuple[str, ...] = param(("gyre", "colocate", "async"), "Policies to simulate and compare.")
+    policies: tuple[PolicyName, ...] = param(("gyre", "colocate", "async"), "Policies to simulate and compare.")
     steps: int = param(48, "Optimizer steps to simulate; wall time is the time of the last step.")
     decode_tok_s: float = param(30.0, "Per-request decode tokens/s of an unloaded engine.")
     prefill_tok_s: float = param(5000.0, "Per-request prefill tokens/s of an unloaded engine.")
@@ -542,8 +550,6 @@ class SimConfig:
 
     def check(self) -> None:
         require(len(self.policies) >= 1, "policies", "must name at least one policy")
-        for i, name in enumerate(self.policies):
-            require(name in POLICY_NAMES, f"policies[{i}]", f"{name!r} is not one of {', '.join(POLICY_NAMES)}")
         require(len(set(self.policies)) == len(self.policies), "policies", "must not repeat a policy")
         for key in ("steps", "kv_slots_per_cell", "max_events"):
             require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")

@@ -31,7 +31,6 @@ import re
 import signal
 import sys
 import threading
-import time
 from typing import Any, Awaitable, Callable
 
 import numpy as np
@@ -39,6 +38,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from gyre_hpc import auth
+from gyre_hpc.clock import wait_until
 from gyre_hpc.config import HttpConfig
 from gyre_hpc.errors import ConfigError
 
@@ -126,8 +126,7 @@ def watch_parent(parent_pid: int | None = None, poll_s: float = PARENT_POLL_S,
         os._exit(ORPHAN_EXIT)
 
     def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(poll_s)
+        wait_until(lambda: os.getppid() != parent, None, poll_s=poll_s)
         (on_gone or gone)()
 
     thread = threading.Thread(target=watch, name="gyre-parent-watchdog", daemon=True)

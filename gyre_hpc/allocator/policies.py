@@ -37,7 +37,7 @@ from gyre_hpc.allocator.capacity import CapacityModel
 from gyre_hpc.allocator.staleness import admission_window, prior_for
 from gyre_hpc.allocator.state import SchedState
 from gyre_hpc.allocator.types import Admit, Order, Role, Switch, WakeAt
-from gyre_hpc.config import POLICY_NAMES, SchedulerConfig
+from gyre_hpc.config import SchedulerConfig, check_policy_name
 from gyre_hpc.errors import ConfigError
 
 
@@ -206,8 +206,7 @@ _CLASSES = {"gyre": Gyre, "colocate": Colocate, "colocate_streaming": ColocateSt
 
 def validate(name: str, cfg: SchedulerConfig, cells: int) -> None:
     """Cross-section checks a policy needs; errors name the dotted key."""
-    if name not in _CLASSES:
-        raise ConfigError(f"scheduler.policy: {name!r} is not one of {', '.join(POLICY_NAMES)}")
+    check_policy_name(name)  # the name itself is config's to check (config.PolicyName)
     if name == "gyre" and cells < 2:
         raise ConfigError(f"cluster.cells: gyre needs at least 2 cells, got {cells}")
     if name.startswith("async") and not 1 <= cfg.async_train_cells <= cells - 1:

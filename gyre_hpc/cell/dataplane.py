@@ -6,7 +6,7 @@ right after building its ``MpiTransport``), so nothing here can match a control 
     cell  ──WANT(cell, have_version)─────────────▶ rank 0 (the hub)
     cell  ◀─GROUP(version, group | None, desc)──── rank 0
     satellite ──GRADS(version, gid, Z, grads, lag, group, extra)▶ core cell's rank
-    core  ──STEPPED(version, step record)────────▶ rank 0
+    core  ──STEPPED(version, step record, progress)▶ rank 0   (the one report of an optimizer step)
 
 The hub (``runtime.hub``) hands each optimizer step exactly ``batch_groups`` ready groups, in completion order,
 only to cells that the allocator's state has in TRAIN; the core steps once it holds the gradients of all of
@@ -33,7 +33,6 @@ tests/unit/test_lag_split.py)
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +40,7 @@ import numpy as np
 from mpi4py import MPI
 
 from gyre_hpc.allocator.staleness import token_lags
+from gyre_hpc.clock import wait_until
 from gyre_hpc.errors import ProtocolError
 
 WANT, GROUP, GRADS, STEPPED = 11, 12, 13, 14
@@ -107,16 +107,9 @@ def poll(comm: Any, tag: int, source: int = MPI.ANY_SOURCE) -> tuple[int, Any] |
 
 def wait(comm: Any, tag: int, source: int, timeout_s: float, idle=None) -> Any:
     """The next payload with ``tag`` from ``source``; ``idle()`` runs between polls (heartbeats)."""
-    deadline = time.monotonic() + timeout_s
-    sleep = 1e-4
-    while time.monotonic() < deadline:
-        got = poll(comm, tag, source)
-        if got is not None:
-            return got[1]
-        if idle is not None:
-            idle()
-        time.sleep(sleep)
-        sleep = min(sleep * 2, 5e-3)
+    got = wait_until(lambda: poll(comm, tag, source), timeout_s, poll_s=1e-4, max_poll_s=5e-3, idle=idle)
+    if got is not None:
+        return got[1]
     raise TimeoutError(f"no data-plane message (tag {tag}) from rank {source} within {timeout_s} s")
 
 

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from gyre_hpc.cell import store
+from gyre_hpc.clock import wait_until
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import EngineError
 
@@ -167,11 +168,13 @@ class RolloutSide:
 def _moves_of(proxy, name: str) -> list[dict]:
     """The proxy's ``move`` records of calls that left the dead engine ``name``, once all it had in flight moved
     (or after MOVES_WAIT_S: a call still waiting for an engine is logged later)."""
-    deadline = time.monotonic() + MOVES_WAIT_S
-    while True:
+    moves: list[dict] = []
+
+    def all_moved() -> bool:
         events = proxy.events()
         dead = [e for e in events if e["event"] == "engine_dead" and e["engine"] == name]
-        moves = [e for e in events if e["event"] == "move" and e["from_engine"] == name and e["reason"] == "dead"]
-        if len(moves) >= sum(e["in_flight"] for e in dead) or time.monotonic() > deadline:
-            return moves
-        time.sleep(0.05)
+        moves[:] = [e for e in events if e["event"] == "move" and e["from_engine"] == name and e["reason"] == "dead"]
+        return len(moves) >= sum(e["in_flight"] for e in dead)
+
+    wait_until(all_moved, MOVES_WAIT_S, poll_s=0.05)
+    return moves

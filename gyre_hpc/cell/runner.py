@@ -46,6 +46,7 @@ from gyre_hpc.allocator.types import Role
 from gyre_hpc.cell import dataplane as dp
 from gyre_hpc.cell.rollout import RolloutSide
 from gyre_hpc.cell.training import CoreTrainer, SatelliteTrainer
+from gyre_hpc.clock import wait_until
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import GyreError, TransferError
 from gyre_hpc.io import atomic_write_json
@@ -108,10 +109,7 @@ class CellRunner:
                     self.rollout.refresh()
         finally:
             if self.is_core:  # take what satellites still send, so none of them waits on the core
-                deadline = time.monotonic() + 1.0
-                while time.monotonic() < deadline:
-                    if dp.poll(self.comm, dp.GRADS) is None:
-                        time.sleep(0.01)
+                wait_until(lambda: False, 1.0, poll_s=0.01, idle=self._drop_grads)  # one second of draining
             self.rollout.stop()
             stats = self._stats()
             if self.trainer is not None:
@@ -169,7 +167,7 @@ class CellRunner:
                 return  # Shutdown is next in the stash
         else:
             if self.is_core:
-                self._report(0)
+                self._report()
             timing.update(self._busy(self.rollout.start))
         self.role = order.role
         timing["total_s"] = time.perf_counter() - t0
@@ -193,6 +191,10 @@ class CellRunner:
         return timing
 
     # ------------------------------------------------------------------ training
+    def _drop_grads(self) -> None:
+        while dp.poll(self.comm, dp.GRADS) is not None:
+            pass
+
     def _train_once(self) -> None:
         self.comm.send({"cell": self.cell}, dest=dp.HUB, tag=dp.WANT)
         reply = self._await_group()
@@ -225,14 +227,16 @@ class CellRunner:
             return self._busy(self.trainer.ensure, version)
         except TransferError:
             # the Shutdown may sit unread in MPI (no progress during the pull): look for a while, not just once
-            deadline = time.monotonic() + SHUTDOWN_LOOK_S
-            while not any(isinstance(o, Shutdown) for o in self.stash) and time.monotonic() < deadline:
-                self.link.beat()
-                if (order := self.link.next_order(0.05)) is not None:
-                    self.stash.append(order)
+            wait_until(lambda: any(isinstance(o, Shutdown) for o in self.stash), SHUTDOWN_LOOK_S, poll_s=0.0,
+                       idle=self._look_for_order)  # the look itself waits (next_order blocks up to 0.05 s)
             if any(isinstance(o, Shutdown) for o in self.stash):
                 raise _RunOver from None
             raise
+
+    def _look_for_order(self) -> None:
+        self.link.beat()
+        if (order := self.link.next_order(0.05)) is not None:
+            self.stash.append(order)
 
     def _send_data(self, payload: dict, dest: int, tag: int) -> None:
         """Send without blocking the heartbeats (a large message waits until the core receives it)."""
@@ -266,17 +270,20 @@ class CellRunner:
             return
         if self.trainer.groups >= self.cfg.scheduler.batch_groups:
             rec = self._busy(self.trainer.step)  # train.epochs updates + publish: heartbeats go on meanwhile
-            self.comm.send(rec, dest=dp.HUB, tag=dp.STEPPED)
-            self._report(1, rec["staleness_mean"])
+            # STEPPED is the step's one report: it carries the groups processed since the last TrainProgress, and
+            # rank 0 applies it to the allocator's state in the pass its hub takes it (no TrainProgress for a step)
+            progress = {"groups": self.trainer.unreported, "work_s": self.work_s}
+            self.comm.send({**rec, "progress": progress}, dest=dp.HUB, tag=dp.STEPPED)
+            self.trainer.unreported, self.work_s = 0, 0.0
         elif self.trainer.unreported:
-            self._report(0)
+            self._report()
 
-    def _report(self, step: int, mean_lag: float = 0.0) -> None:
+    def _report(self) -> None:
+        """The groups processed since the last report (TrainProgress at the current version; never a step)."""
         tr = self.trainer
-        if not step and not tr.unreported:
+        if not tr.unreported:
             return
-        self.link.send(TrainProgress(cell=self.cell, version=tr.version, groups=tr.unreported,
-                                     work_s=self.work_s, mean_lag=max(0.0, mean_lag)))
+        self.link.send(TrainProgress(cell=self.cell, version=tr.version, groups=tr.unreported, work_s=self.work_s))
         tr.unreported, self.work_s = 0, 0.0
 
     def _carry_stats(self) -> None:

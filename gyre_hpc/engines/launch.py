@@ -32,13 +32,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from gyre_hpc import auth
+from gyre_hpc.clock import wait_until
 from gyre_hpc.config import EngineConfig, GyreConfig, ModelConfig, RunConfig, to_dict
 from gyre_hpc.engines import children
 from gyre_hpc.engines.children import ignore_preemption_signal  # noqa: F401  (re-exported)
@@ -96,21 +96,23 @@ class EngineHandle:
         return children.stop(self.process, grace_s)
 
     def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
         with EngineClient(self.url, connect_retries=0) as client:
-            while time.monotonic() < deadline:
+            def ready() -> bool:
                 if not self.alive():
                     rc = self.process.returncode
                     how = f" ({KILLED_STARTING} {_signal_name(-rc)})" if rc is not None and rc < 0 else ""
                     raise EngineError(f"{self.name} at {self.url} exited with {rc}{how} before it "
                                       f"was ready; log {self.log_path}:\n{self.log_tail()}")
                 if client.health(timeout=2.0):
-                    return
+                    return True
                 if PORT_TAKEN in self._log_since_start():  # SGLang logs the failed bind, then hangs in shutdown
                     self.stop()
                     raise EngineError(f"{self.name} at {self.url} could not bind its port; log {self.log_path}:\n"
                                       f"{self.log_tail()}")
-                time.sleep(0.2)
+                return False
+
+            if wait_until(ready, timeout_s, poll_s=0.2):
+                return
         self.stop()
         raise EngineError(f"{self.name} at {self.url} not ready after {timeout_s:.0f} s; log {self.log_path}:\n"
                           f"{self.log_tail()}")

@@ -70,8 +70,8 @@ def make_mover(kind: str, events=None, version_policy: str = "reprefill") -> Mov
     if kind == "reprefill":
         return ReprefillMover()
     if kind == "kv":
-        from gyre_hpc.proxy.events import EventLog
+        from gyre_hpc.proxy.events import proxy_log
         from gyre_hpc.proxy.kvmover import KVMover
 
-        return KVMover(events if events is not None else EventLog(None), version_policy)
+        return KVMover(events if events is not None else proxy_log(None), version_policy)
     raise ProxyError(f"proxy.mover: {kind!r} is not one of {', '.join(MOVERS)}")

@@ -43,7 +43,7 @@ from gyre_hpc.engines.client import AsyncEngineClient
 from gyre_hpc.errors import EngineError
 from gyre_hpc.proxy.admin import EngineAdmin, Request
 from gyre_hpc.proxy.calls import CallRequest, Segment, answer, continuation, parse_call, produced, tito_call
-from gyre_hpc.proxy.events import EventLog
+from gyre_hpc.proxy.events import EventLog, proxy_log
 from gyre_hpc.proxy.movers import MovePlan, Mover, make_mover
 from gyre_hpc.proxy.recorder import TitoRecorder, tito_file
 from gyre_hpc.proxy.routing import Engine, EngineState, NoEngineError, ProxyError, Router
@@ -75,7 +75,7 @@ class ProxyService(EngineAdmin):
     def __init__(self, cfg: ProxyConfig, events: EventLog | None = None, mover: Mover | None = None):
         self.cfg = cfg
         self.router = Router(cfg.routing)
-        self.events = events if events is not None else EventLog(cfg.event_log)
+        self.events = events if events is not None else proxy_log(cfg.event_log)
         self.recorder = TitoRecorder()
         self.mover = mover if mover is not None else make_mover(cfg.mover, self.events, cfg.kv_version_policy)
         self._clients: dict[str, AsyncEngineClient] = {}

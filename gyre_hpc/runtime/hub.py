@@ -13,7 +13,9 @@ when
   switch first must not train the whole batch while the satellites are still pulling its weights;
 - a new version's batch starts only while the burst has fewer than the policy's ``mu`` steps;
 
-otherwise with ``None``. The core's STEPPED (after its optimizer step) opens the next version's batch.
+otherwise with ``None``. The core's STEPPED (after its optimizer step) opens the next version's batch; it is the
+step's one report: ``on_step`` (rank 0's root) applies it to the allocator's state before any other WANT is
+answered.
 
 Preemption: ``freeze()`` answers every WANT with ``None`` from then on; once no step is pending (fewer than
 ``batch_groups`` groups out, so the core cannot step again), ``buffer()`` is the trajectory buffer to save: the
@@ -42,6 +44,7 @@ import queue
 from collections import deque
 from typing import Any, Callable
 
+from gyre_hpc.allocator.batches import batch_may_start
 from gyre_hpc.allocator.types import Role
 from gyre_hpc.cell import dataplane as dp
 
@@ -114,7 +117,9 @@ class Hub:
             return None
         if not self.handed and not self.burst_open():
             return None  # the burst has its mu steps: the next batch waits for the next burst
-        if not self.streaming and (not self.handed and len(self.ready) < self.B or self._had_share(cell)):
+        if not batch_may_start(self.streaming, bool(self.handed), len(self.ready), self.B):
+            return None  # a fixed batch starts only once it is whole (allocator.batches)
+        if not self.streaming and self._had_share(cell):
             return None
         group = self.ready.popleft()
         self.handed.append(group)

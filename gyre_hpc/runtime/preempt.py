@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Callable
 
 from gyre_hpc import resume
-from gyre_hpc.runtime.batches import FixedBatches
+from gyre_hpc.allocator.batches import FixedBatches
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 #: the file ``gyre train`` writes into RUN_DIR when it is preempted (its content: the signal's name)

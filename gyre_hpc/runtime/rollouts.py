@@ -20,7 +20,7 @@ Invariants (tests/integration/test_live_training.py)
 - Fixed batches (non-streaming policies, as in the simulator): batch b = the groups admitted b*B .. b*B+B-1
   (counted from 0, or from the first group admitted after a resume); a ready group is held until every
   group of its batch is ready and every earlier batch went out, then the batch goes to the hub in admission
-  order with one GroupsReady(B) (``runtime.batches.FixedBatches``). So a batch waits for its slowest query,
+  order with one GroupsReady(B) (``allocator.batches.FixedBatches``). So a batch waits for its slowest query,
   as colocate and async do by definition — not for any B groups that happen to finish first.
 - Every started run ends with an outcome (the harness's guarantee); ``stop()`` cancels the runs still going
   (they end ``aborted``) and counts them apart from the finished ones.
@@ -46,7 +46,7 @@ from gyre_hpc.allocator.messages import GroupsReady, RunsChanged
 from gyre_hpc.cell import dataplane as dp
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import GyreError
-from gyre_hpc.runtime.batches import FixedBatches
+from gyre_hpc.allocator.batches import FixedBatches
 from gyre_hpc.trajectory.records import TitoLog, outcome_record, read_tito
 
 WORK_S_PER_TOKEN = 2e-4  # rough CPU training cost per packed token, for the policies' backlog estimate

@@ -19,6 +19,8 @@
 
 Invariants (tests/integration/test_live_training.py)
 - Every decision comes from the same policy object the simulator drives (``make_policy``).
+- A step is reported once, by the core's STEPPED on the data plane: ``LiveServer.apply_step`` applies it to the
+  allocator's state in the pass the hub takes it, so the allocator's version always equals the hub's.
 - Every optimizer step is in the event log (``train_step``: version, groups, staleness, reward) and in
   ``metrics.jsonl``; the summary is computed from those records and the cells' stats, never estimated.
   A resumed run's summary covers every segment (the saved step records and counters plus the new ones).
@@ -34,7 +36,9 @@ from pathlib import Path
 import yaml
 
 from gyre_hpc import resume
+from gyre_hpc.allocator import batches
 from gyre_hpc.allocator.eventlog import EventLog, read_events
+from gyre_hpc.allocator.messages import TrainProgress
 from gyre_hpc.allocator.policies import make_policy
 from gyre_hpc.allocator.server import AllocatorServer
 from gyre_hpc.allocator.sim.replay import live_prediction
@@ -61,6 +65,7 @@ class LiveServer(AllocatorServer):
         self.teardown = teardown or lost.Teardown()
         self.last_progress = 0.0
         self.lost_groups: dataloss.LostGroups | None = None
+        self.step_applied = False
 
     def stop_reason(self) -> str | None:
         if self.teardown.requested:  # a rank is gone: nothing else matters now
@@ -73,7 +78,7 @@ class LiveServer(AllocatorServer):
         if reason is not None or not self.preemption.requested:
             return reason
         self.hub.freeze()  # the core can finish the step already out, and no other
-        quiet = self.started and not self.hub.step_pending and self.state.version == self.hub.version
+        quiet = self.started and not self.hub.step_pending
         return f"preempted: {self.preemption.signal}" if quiet or self.preemption.overdue else None
 
     def _decide(self, now: float) -> None:
@@ -87,7 +92,20 @@ class LiveServer(AllocatorServer):
         if self.clock.now() - self.last_progress > PROGRESS_EVERY_S:
             self.last_progress = self.clock.now()
             self.progress()
-        return self.hub.poll() or changed
+        busy = self.hub.poll()
+        if self.step_applied:  # a step changes what the policy sees: decide in the pass that applied it
+            self.step_applied = False
+            if self.started and self.stop_reason() is None:
+                self._decide(self.clock.now())
+        return busy or changed
+
+    def apply_step(self, rec: dict, progress: dict) -> None:
+        """The core's STEPPED, which the hub just took, is the one report of an optimizer step: it reaches the
+        allocator's state (as the core's ``TrainProgress`` to version ``rec["version"]``, with the groups it
+        processed since its last report) before the hub answers another WANT, so both see the same version."""
+        msg = TrainProgress(cell=self.state.core, version=rec["version"], groups=progress.get("groups", 0),
+                            work_s=progress.get("work_s", 0.0), mean_lag=max(0.0, rec.get("staleness_mean", 0.0)))
+        self.step_applied |= self._apply(msg, self.clock.now(), None)
 
     def abandon_shutdown(self) -> bool:
         return self.teardown.requested  # mpirun is ending every rank: no Bye will come
@@ -136,6 +154,7 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
         server: LiveServer | None = None
 
         def on_step(rec: dict) -> None:
+            server.apply_step(rec, rec.pop("progress", {}))  # the step's one report reaches the allocator here
             steps.append(rec)
             lost.hold(run_dir, rec["version"])  # the checkpoint a lost rank's resume state uses
             server.log.write({"event": "train_step", **rec})
@@ -157,14 +176,9 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
                   f"reward {'-' if reward is None else f'{reward:.3f}'} | {time.perf_counter() - t0:.0f}s",
                   file=sys.stderr, flush=True)
 
-        def burst_open() -> bool:
-            # steps of this burst the allocator knows, plus those the core reported on the data plane that the
-            # allocator has not applied yet (the two planes race: STEPPED can arrive before TrainProgress)
-            unapplied = max(0, hub.version - server.state.version)
-            return policy.mu is None or server.state.burst_steps + unapplied < policy.mu
-
         hub = Hub(comm, cfg.scheduler.batch_groups, policy.streaming, cfg.cluster.cells,
-                  lambda c: server.state.cells[c].role, on_step, burst_open=burst_open,
+                  lambda c: server.state.cells[c].role, on_step,
+                  burst_open=lambda: batches.burst_open(policy.mu, server.state.burst_steps),
                   on_event=lambda rec: server.log.write(rec))
         rollouts = Rollouts(cfg, run_dir, proxy.url, hub.offer, fixed_batches=not policy.streaming)
         preemption.on_signal = rollouts.close  # from the signal on, no group starts or joins the buffer
@@ -243,7 +257,7 @@ def _resume_after_error(run_dir: Path, server, hub, rollouts, steps: list[dict],
     and no step is out), as for a preemption; else None. Best effort (the error may be a full disk)."""
     if isinstance(exc, KeyboardInterrupt) or server is None or hub is None or rollouts is None or not server.started:
         return None  # not started: nothing new to save (a resumed run's earlier state stays as it was)
-    if hub.step_pending or server.state.version != hub.version or not steps and hub.version:
+    if hub.step_pending or not steps and hub.version:
         return None
     try:
         rollouts.close()
@@ -258,11 +272,13 @@ def _error_event(run_dir: Path, cfg: GyreConfig, transport, exc: BaseException, 
     """An unrecoverable error on rank 0: one ``error`` event in events.jsonl (best effort: the disk may be full)."""
     if isinstance(exc, KeyboardInterrupt):
         return
-    rec = {"t": round(transport.clock.now(), 6), "wall": round(time.time(), 6), "event": "error",
-           "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500], "resume": resume_at}
+    rec = {"event": "error", "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500], "resume": resume_at}
     try:
-        with open(run_dir / cfg.allocator.events_file, "a", encoding="utf-8") as f:
-            f.write(json.dumps(rec) + "\n")
+        log = EventLog(run_dir / cfg.allocator.events_file, transport.clock)
+        try:
+            log.write(rec)
+        finally:
+            log.close()
     except OSError:
         pass
 

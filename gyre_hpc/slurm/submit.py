@@ -24,12 +24,12 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import yaml
 
+from gyre_hpc.clock import wait_until
 from gyre_hpc.config import load_config, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
 from gyre_hpc.io import atomic_write_text, make_run_dir
@@ -168,11 +168,8 @@ class RunHandle:
         ``TimeoutError`` if it is still running after ``timeout_s`` (the job keeps running)."""
         import submitit
 
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while deadline is not None and not self.job.done():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"job {self.job_id} is still {self.state} after {timeout_s} s")
-            time.sleep(1.0)
+        if timeout_s is not None and not wait_until(self.job.done, timeout_s, poll_s=1.0):
+            raise TimeoutError(f"job {self.job_id} is still {self.state} after {timeout_s} s")
         try:
             return self.job.results()[0]  # rank 0's: the other ranks return None
         except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError) as exc:

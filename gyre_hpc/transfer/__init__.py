@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 
+from gyre_hpc.config import TransferConfig
 from gyre_hpc.transfer.base import PullStats, WeightDescriptor, WeightPublisher, WeightPuller
 from gyre_hpc.transfer.manifest import TensorEntry, WeightManifest, pack_weights, unpack_weights
 
@@ -28,16 +29,16 @@ __all__ = ["make_publisher", "make_puller", "PullStats", "WeightDescriptor", "We
            "TensorEntry", "WeightManifest", "pack_weights", "unpack_weights"]
 
 
-def _backend(cfg, index: int):
+def _backend(cfg: TransferConfig, index: int):
     module, *classes = _BACKENDS[cfg.backend]
     return getattr(importlib.import_module(module), classes[index])
 
 
-def make_publisher(cfg) -> WeightPublisher:
+def make_publisher(cfg: TransferConfig) -> WeightPublisher:
     """A publisher for ``cfg`` (a ``TransferConfig``), owned by the calling process."""
     return _backend(cfg, 0)(cfg)
 
 
-def make_puller(cfg) -> WeightPuller:
+def make_puller(cfg: TransferConfig) -> WeightPuller:
     """A puller for ``cfg`` (a ``TransferConfig``), owned by the calling process."""
     return _backend(cfg, 1)(cfg)

@@ -18,6 +18,7 @@ import weakref
 
 import numpy as np
 
+from gyre_hpc.config import TransferConfig
 from gyre_hpc.errors import TransferError
 from gyre_hpc.transfer.base import BufferPublisher, BufferPuller, describe_chunks
 
@@ -28,7 +29,7 @@ _COUNTER = itertools.count()
 class InProcessPublisher(BufferPublisher):
     backend = "inprocess"
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: TransferConfig):
         super().__init__(cfg)
         self.location = f"inprocess:{os.getpid()}:{next(_COUNTER)}"
         self.buffer: np.ndarray | None = None
@@ -47,7 +48,7 @@ class InProcessPublisher(BufferPublisher):
 class InProcessPuller(BufferPuller):
     backend = "inprocess"
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: TransferConfig):
         super().__init__(cfg)
         self._dst: np.ndarray | None = None
 

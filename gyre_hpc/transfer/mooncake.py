@@ -27,6 +27,7 @@ import os
 
 import numpy as np
 
+from gyre_hpc.config import TransferConfig
 from gyre_hpc.errors import TransferError
 from gyre_hpc.quiet import MOONCAKE_NOISE, native_stderr_filtered
 from gyre_hpc.transfer.base import BufferPublisher, BufferPuller, describe_chunks
@@ -45,7 +46,7 @@ def timeout_environment(seconds: int) -> dict[str, str]:
     return {"MC_TRANSFER_TIMEOUT": value, "MC_TCP_PROGRESS_TIMEOUT_SEC": value, "MC_TCP_STATUS_TIMEOUT_SEC": value}
 
 
-def start_engine(cfg):
+def start_engine(cfg: TransferConfig):
     """A Mooncake engine listening on ``cfg.host`` in P2P-handshake mode; any failure is a ``TransferError``."""
     os.environ.update(timeout_environment(cfg.timeout_s), MC_LOG_LEVEL=cfg.log_level)  # read at import
     try:
@@ -130,7 +131,7 @@ class _Registered:
 class MooncakePublisher(BufferPublisher):
     backend = "mooncake"
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: TransferConfig):
         super().__init__(cfg)
         self.engine = start_engine(cfg)
         self.location = f"{cfg.host}:{self.engine.get_rpc_port()}"
@@ -148,7 +149,7 @@ class MooncakePublisher(BufferPublisher):
 class MooncakePuller(BufferPuller):
     backend = "mooncake"
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: TransferConfig):
         super().__init__(cfg)
         self.engine = start_engine(cfg)
         self._memory = _Registered(self.engine, "puller", keep_previous=False)

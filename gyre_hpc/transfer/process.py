@@ -15,6 +15,7 @@ import multiprocessing as mp
 
 import numpy as np
 
+from gyre_hpc.config import TransferConfig
 from gyre_hpc.errors import TransferError
 from gyre_hpc.transfer.base import WeightDescriptor
 
@@ -27,7 +28,7 @@ def synthetic_weights(nbytes: int, seed: int = 0, tensors: int = 8) -> dict[str,
             for i in range(tensors)}
 
 
-def _serve(cfg, conn) -> None:
+def _serve(cfg: TransferConfig, conn) -> None:
     from gyre_hpc.transfer import make_publisher
 
     try:
@@ -52,7 +53,7 @@ def _serve(cfg, conn) -> None:
 class PublisherProcess:
     """``with PublisherProcess(cfg) as pub: desc = pub.publish(version=1, nbytes=4 << 20, seed=0)``."""
 
-    def __init__(self, cfg, reply_timeout_s: float = 120.0):
+    def __init__(self, cfg: TransferConfig, reply_timeout_s: float = 120.0):
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self.reply_timeout_s = reply_timeout_s

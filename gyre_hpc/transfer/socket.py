@@ -25,6 +25,7 @@ import threading
 
 import numpy as np
 
+from gyre_hpc.config import TransferConfig
 from gyre_hpc.errors import TransferError
 from gyre_hpc.transfer.base import BufferPublisher, BufferPuller, describe_chunks
 
@@ -65,7 +66,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
 class SocketPublisher(BufferPublisher):
     backend = "socket"
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: TransferConfig):
         super().__init__(cfg)
         self.buffer: np.ndarray | None = None
         self._previous: np.ndarray | None = None
@@ -92,7 +93,7 @@ class SocketPublisher(BufferPublisher):
 class SocketPuller(BufferPuller):
     backend = "socket"
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: TransferConfig):
         super().__init__(cfg)
         self._dst: np.ndarray | None = None
         self._conns: dict[str, socket.socket] = {}

@@ -41,6 +41,16 @@ def test_live_run_trains_the_requested_steps_and_shuts_down_in_order(live_run):
         assert (run_dir / png).stat().st_size > 1000
 
 
+def test_each_step_is_reported_once_and_reaches_the_allocator_in_the_pass_the_hub_takes_it(live_run):
+    _, run_dir, _ = live_run
+    events = read_events(run_dir / "events.jsonl")
+    kinds = [e["event"] for e in events]
+    assert "rejected" not in kinds
+    at = [i for i, k in enumerate(kinds) if k == "step"]
+    assert [events[i]["version"] for i in at] == [1, 2]
+    assert all(kinds[i + 1] == "train_step" and events[i + 1]["version"] == events[i]["version"] for i in at)
+
+
 def test_cells_switch_both_ways_with_a_timing_breakdown(live_run):
     summary, run_dir, _ = live_run
     assert summary["switches_r2t"] >= 1 and summary["switches_t2r"] >= 1

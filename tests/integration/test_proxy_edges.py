@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from gyre_hpc.config import ProxyConfig
 from gyre_hpc.engines.launch import free_port
 from gyre_hpc.engines.protocol import error_body, generate_response
-from gyre_hpc.proxy.events import EventLog
+from gyre_hpc.proxy.events import proxy_log
 from gyre_hpc.proxy.server import ProxyServer
 from gyre_hpc.proxy.service import ProxyService
 from gyre_hpc.trajectory.records import read_tito
@@ -91,7 +91,7 @@ def proxy_app(tmp_path):
     def make(**cfg):
         service = ProxyService(ProxyConfig(**{"no_engine_wait_s": 0.5, "abort_retry_s": 0.01,
                                               "tito_dir": str(tmp_path / "tito"), **cfg}),
-                               events=EventLog(tmp_path / "events.jsonl"))
+                               events=proxy_log(tmp_path / "events.jsonl"))
         client = TestClient(ProxyServer(service).app)
         client.__enter__()
         clients.append(client)

@@ -249,5 +249,5 @@ def test_event_records_are_on_disk_when_written_and_a_torn_last_line_is_skipped(
     with pytest.raises(ProtocolError, match=r"bad.jsonl:2: an event record is a JSON object"):
         read_events(tmp_path / "bad.jsonl")
     (tmp_path / "bad2.jsonl").write_text('{"event": "start"}\nnot json\n{"event": "stop"}\n')
-    with pytest.raises(ProtocolError, match=r"bad2.jsonl:2: not JSON"):
+    with pytest.raises(ProtocolError, match=r"bad2.jsonl:2: invalid JSON"):
         read_events(tmp_path / "bad2.jsonl")

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from gyre_hpc.proxy.events import EventLog
+from gyre_hpc.proxy.events import proxy_log
 from gyre_hpc.proxy.kvmover import KVMover
 from gyre_hpc.proxy.movers import MovePlan, make_mover
 
@@ -32,7 +32,7 @@ def _engines_double(import_answer, calls):
 
 
 def _prepare(import_answer, alive=True, policy="reprefill"):
-    calls, events = [], EventLog(None)
+    calls, events = [], proxy_log(None)
     mover = KVMover(events, policy, transport=_engines_double(import_answer, calls))
 
     async def go():
@@ -71,7 +71,7 @@ def test_a_refused_or_broken_import_falls_back_to_reprefill_with_its_reason(answ
 
 
 def test_an_engine_without_kv_routes_and_a_dead_source_fall_back_without_a_transfer():
-    calls, events = [], EventLog(None)
+    calls, events = [], proxy_log(None)
     sglang_like = httpx.MockTransport(lambda r: calls.append(r.url.path) or httpx.Response(404, json={
         "detail": "Not Found"}))
     mover = KVMover(events, transport=sglang_like)

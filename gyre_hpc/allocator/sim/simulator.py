@@ -37,6 +37,7 @@ from gyre_hpc.allocator import transitions as tr
 from gyre_hpc.allocator.policies import Policy
 from gyre_hpc.allocator.sim.events import EventQueue
 from gyre_hpc.allocator.sim.rollout import DONE, PARKED, RolloutPool
+from gyre_hpc.allocator.batches import FixedBatches
 from gyre_hpc.allocator.sim.trainer import PULL_DONE, TrainerSide
 from gyre_hpc.allocator.sim.workload import Workload
 from gyre_hpc.allocator.staleness import LagLedger
@@ -75,8 +76,7 @@ class Simulation(TrainerSide):
         self.pull_s = sim.weight_bytes / sim.pull_bytes_per_s
         # trainer
         self.tq: deque[int] = deque()
-        self.batch_done: dict[int, int] = {}
-        self.next_batch = 0
+        self.batches: FixedBatches[int] = FixedBatches(self.B)
         self.g_work: dict[int, float] = {}
         self.g_trained: dict[int, list[tuple[list[int], list[float]]]] = {}
         self.cur, self.cur_left, self.tr_t, self.tr_stamp = -1, 0.0, 0.0, 0

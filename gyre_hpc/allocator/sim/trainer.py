@@ -14,6 +14,7 @@ Invariants
 from __future__ import annotations
 
 from gyre_hpc.allocator import transitions as tr
+from gyre_hpc.allocator.batches import batch_may_start, burst_open
 
 PULL_DONE, TRAIN_DONE, OPT_DONE = 3, 4, 5
 
@@ -29,17 +30,12 @@ class TrainerSide:
 
     def _release_batches(self, qi: int) -> None:
         """Fixed batches (non-streaming): batch b = queries b*B..b*B+B-1, released whole and in order."""
-        b = qi // self.B
-        self.batch_done[b] = self.batch_done.get(b, 0) + 1
-        while self.batch_done.get(self.next_batch, 0) == self.B:
-            first = self.next_batch * self.B
-            self._release(list(range(first, first + self.B)))
-            del self.batch_done[self.next_batch]
-            self.next_batch += 1
+        for batch in self.batches.ready(qi, qi):  # the allocator's one former (allocator.batches)
+            self._release(batch)
 
     def _tr_may_run(self) -> bool:
         st, mu = self.state, self.policy.mu
-        return not st.optimizing and (mu is None or st.burst_steps < mu) and bool(self.train_active)
+        return not st.optimizing and burst_open(mu, st.burst_steps) and bool(self.train_active)
 
     def _tr_advance(self, now: float) -> None:
         dt = now - self.tr_t
@@ -57,7 +53,7 @@ class TrainerSide:
         if not self._tr_may_run():
             return
         if self.cur < 0 and self.tq:
-            if self.policy.streaming or self.step_n > 0 or len(self.tq) >= self.B:
+            if batch_may_start(self.policy.streaming, self.step_n > 0, len(self.tq), self.B):
                 self.cur = self.tq.popleft()
                 self.cur_left = self.g_work[self.cur]
         if self.cur >= 0:
