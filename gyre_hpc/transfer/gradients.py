@@ -75,8 +75,8 @@ class GradientSender:
         self._by_name = {e.name: e for e in self.entries}
         self.segment = -(-(HEADER_BYTES + self.data_bytes) // ALIGNMENT) * ALIGNMENT
         self.publisher = make_publisher(cfg)
-        self.buffer = self.publisher._reserve(slots * self.segment)  # noqa: SLF001 (same package: one region)
-        self.buffer[:slots * self.segment] = 0
+        # one region, registered once; a segment's pages are touched (and cost memory) only once it is used
+        self.buffer = self.publisher._reserve(slots * self.segment)  # noqa: SLF001 (same package)
         self.version: int | None = None
         self.slot_of: dict[int, int] = {}  # gid -> segment, for ``version``
         self.sequence = 0  # header version of each publish: strictly increasing, so a rewrite is seen as stale
