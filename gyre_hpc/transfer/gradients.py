@@ -23,7 +23,7 @@ killed) would block the reduce, and building a process group per membership is i
 members. A pull is one-sided: a satellite that left makes one pull fail (a ``TransferError`` within
 ``transfer.timeout_s``, at once for a dead peer), the core drops that copy and the hub re-issues the group.
 
-Invariants (tests/unit/test_grad_transfer.py, tests/integration/test_grad_exchange.py)
+Invariants (tests/integration/test_grad_transfer.py, tests/integration/test_grad_exchange.py)
 - What the core receives is bit-identical to what the satellite computed (float32, checksummed per chunk; a
   mismatch or a segment rewritten during the pull is a ``TransferError``, never a wrong gradient).
 - The data-plane message carries the descriptor (names, offsets, checksums): no gradient array is pickled.
