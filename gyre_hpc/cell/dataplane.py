@@ -5,12 +5,17 @@ right after building its ``MpiTransport``), so nothing here can match a control 
 
     cell  ──WANT(cell, have_version)─────────────▶ rank 0 (the hub)
     cell  ◀─GROUP(version, group | None, desc)──── rank 0
-    satellite ──GRADS(version, gid, Z, grads, lag, group, extra)▶ core cell's rank
+    satellite ──GRADS(version, gid, Z, grads=descriptor, lag, group?, extra)▶ core cell's rank
     core  ──STEPPED(version, step record, progress)▶ rank 0   (the one report of an optimizer step)
+
+GRADS carries no gradient array: ``grads`` is the descriptor (names, offsets, checksums) of the satellite's
+gradient buffer, which the core pulls over the transfer backend (``transfer.gradients``); ``group`` and the
+trainer's logprobs travel only when ``train.epochs > 1`` (the core trains the group again).
 
 The hub (``runtime.hub``) hands each optimizer step exactly ``batch_groups`` ready groups, in completion order,
 only to cells that the allocator's state has in TRAIN; the core steps once it holds the gradients of all of
-them (its own and the satellites'). Payloads are plain Python/numpy objects (pickled by mpi4py).
+them (its own and the satellites'). Payloads are plain Python objects (pickled by mpi4py); gradients are not
+among them.
 
 A group can reach the core twice: when the allocator marks a satellite LOST (hung: heartbeats stopped) the hub
 hands the groups it held to another training cell, and the lost satellite may still deliver them later, or
@@ -76,18 +81,22 @@ class GradLedger:
         self.gids: list[int] = []
         self.dropped: list[dict] = []
 
-    def take(self, version: int, gid: int) -> bool:
-        """True if group ``gid``'s gradients of ``version`` belong to this step; a late or second copy is
-        recorded in ``dropped`` and refused."""
+    def admits(self, version: int, gid: int) -> bool:
+        """Would ``take`` accept this copy? (Nothing recorded: the core asks before it pulls the gradients.)"""
         if version > self.version:
             raise ProtocolError(f"gradients of version {version} (group {gid}) reached the core at version "
                                 f"{self.version}: no cell can hold weights the core has not made")
-        why = "stale" if version < self.version else "duplicate" if gid in self.gids else None
-        if why is not None:
-            self.dropped.append({"gid": gid, "version": version, "core_version": self.version, "why": why})
-            return False
-        self.gids.append(gid)
-        return True
+        return version == self.version and gid not in self.gids
+
+    def take(self, version: int, gid: int) -> bool:
+        """True if group ``gid``'s gradients of ``version`` belong to this step; a late or second copy is
+        recorded in ``dropped`` and refused."""
+        if self.admits(version, gid):
+            self.gids.append(gid)
+            return True
+        why = "stale" if version < self.version else "duplicate"
+        self.dropped.append({"gid": gid, "version": version, "core_version": self.version, "why": why})
+        return False
 
     def stepped(self) -> list[int]:
         """The optimizer step was taken: the next version starts empty; returns the step's groups."""

@@ -5,6 +5,8 @@
     Hello ─▶ Welcome(role, core)
     loop:  heartbeat · next order · [core: take satellites' gradients, step when the batch is complete]
            ROLLOUT: keep the engine on the newest version        TRAIN: WANT a group ─▶ gradients
+                                                                 (satellite: into its gradient buffer; the
+                                                                 core pulls them: cell/training.py)
     SwitchTo(TRAIN):   drain the cell in the proxy (its calls move) · remove · stop the engine ·
                        satellite: pull the core's weights over Mooncake (checksums)   ─▶ SwitchDone(timing)
     SwitchTo(ROLLOUT): (the group in hand is finished first) · core: report its groups ·
@@ -216,9 +218,9 @@ class CellRunner:
         if self.is_core:
             if self.trainer.add(version, group.gid, z, grads, loss, lag, group, extra):
                 self.work_s += seconds
-        else:  # the group goes along: the core trains it again in epochs 2..train.epochs
-            self._send_data({"version": version, "gid": group.gid, "z": z, "grads": grads, "loss": loss,
-                             "lag": lag, "seconds": seconds, "group": group, "extra": extra}, CORE + 1, dp.GRADS)
+        else:  # gradients into the satellite's buffer, the descriptor to the core (which pulls them)
+            self._send_data(self.trainer.message(version, group, z, grads, loss, lag, extra, seconds),
+                            CORE + 1, dp.GRADS)
 
     def _pull(self, version: int | None = None) -> dict | None:
         """Satellite: the core's weights (``SatelliteTrainer.ensure``); ``_RunOver`` when the pull failed because
@@ -262,9 +264,8 @@ class CellRunner:
 
     def _core_poll(self) -> None:
         while (got := dp.poll(self.comm, dp.GRADS)) is not None:
-            g = got[1]  # a late copy of a group re-issued after its satellite was lost is dropped
-            if self.trainer.add(g["version"], g["gid"], g["z"], g["grads"], g["loss"], g["lag"], g["group"],
-                                g.get("extra")):
+            g = got[1]  # a late copy of a group re-issued after its satellite was lost is dropped (not pulled)
+            if self._busy(self.trainer.add_remote, g):  # the pull runs beside the heartbeats
                 self.work_s += g["seconds"]
         if self.role is not Role.TRAIN:
             return
@@ -302,6 +303,7 @@ class CellRunner:
                  "weight_updates": self.rollout.updates,
                  "engine_deaths": self.rollout.deaths, "failed": self.failed,
                  "grads_dropped": self.trainer.ledger.dropped if self.is_core else [],
+                 "grad_pulls": self.trainer.grad_pulls() if self.is_core else None,
                  "version": getattr(self.trainer, "version", None),
                  "restored": getattr(self.trainer, "restored", None), "preempted": self.preempted}
         atomic_write_json(self.run_dir / "cells" / f"cell{self.cell}.json", stats)

@@ -14,7 +14,17 @@ spread over every training cell; the later ones cost the core E - 1 forward/back
 groups (small next to the rollouts they reuse).
 
 Satellite (``SatelliteTrainer``): a model without optimizer use; before computing gradients of version v it
-pulls version v from the core (Mooncake, checksums verified) and sends ``(Z, grads)`` to the core.
+pulls version v from the core (Mooncake, checksums verified), then publishes each group's gradients into its
+registered gradient buffer (``transfer.gradients.GradientSender``: one contiguous float32 region per group, in
+the model's parameter order, checksummed) and sends only a small header (version, gid, Z, loss, lag, the
+buffer's descriptor) on the data plane (``message``). The core (``add_remote``) asks its ``GradLedger`` first and
+pulls only a copy it will sum; a pull that fails (the satellite left, or rewrote that segment) drops the copy and
+the step goes on (the hub re-issues a LOST satellite's groups).
+
+Why buffers and not torch.distributed collectives: the core takes gradients asynchronously, group by group, from
+a varying set of satellites, and drops duplicate and stale copies; a collective would make every member wait for
+every other one, so a satellite leaving mid-step would block the core's reduce. A one-sided pull fails on its own
+(at once for a dead peer, within ``transfer.timeout_s`` for a frozen one) and keeps every invariant below.
 
 Invariants (tests/integration/test_live_training.py)
 - The step's gradient is ``sum_i Z_i g_i / sum_i Z_i`` over the step's groups (g_i normalised by its own
@@ -24,7 +34,11 @@ Invariants (tests/integration/test_live_training.py)
   they were after the last step before the preemption; ``restored`` records that version and the weights'
   checksum.
 - The core sums each group at most once per step, and only gradients of its current version (``dp.GradLedger``:
-  a group re-issued after a satellite was lost may arrive twice, or late).
+  a group re-issued after a satellite was lost may arrive twice, or late); it pulls a satellite's gradients only
+  after the ledger admits them, and a failed pull sums nothing (``grads_dropped`` with why "pull failed").
+- No gradient array is pickled: a satellite's GRADS message holds the gradient buffer's descriptor; the group
+  and the trainer's logprobs go along only when ``train.epochs > 1`` (tests/integration/test_grad_exchange.py).
+- The core's sum over pulled gradients is bit-identical to the sum over the satellite's own arrays.
 - A step makes exactly ``train.epochs`` AdamW updates, each over all of the step's groups with trained tokens
   (``epoch_gids`` in the record; one update when none has any), and raises the version by exactly one.
 - Per step, pre-queue + in-queue staleness = total staleness (``dataplane.lag_stats``), per trained token.
@@ -45,6 +59,7 @@ from gyre_hpc.cell import store
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import TransferError
 from gyre_hpc.train import agreement
+from gyre_hpc.transfer.gradients import GradientReceiver, GradientSender
 
 
 class _Side:
@@ -75,6 +90,7 @@ class CoreTrainer(_Side):
         self.run_dir = run_dir
         self.restored = self._restore()
         self.publisher = make_publisher(cfg.transfer)
+        self.receiver = GradientReceiver(cfg.transfer)
         self.reset_step()
         self.ledger = dp.GradLedger(self.version)
         self.unreported = 0
@@ -123,6 +139,25 @@ class CoreTrainer(_Side):
         self.unreported += 1
         self.lag = dp.merge_lag(self.lag, lag)
         return True
+
+    def add_remote(self, msg: dict) -> bool:
+        """Take a satellite's GRADS message (``SatelliteTrainer.message``): pull its gradients if the ledger admits
+        them; False (nothing added) for a refused copy or a failed pull (recorded in ``ledger.dropped``)."""
+        version, gid = msg["version"], msg["gid"]
+        grads: dict = {}
+        if msg["grads"] is not None and self.ledger.admits(version, gid):
+            try:
+                grads, _ = self.receiver.pull(msg["grads"])
+            except TransferError as exc:  # the satellite left, or rewrote the segment: this copy is lost
+                self.ledger.dropped.append({"gid": gid, "version": version, "core_version": self.version,
+                                            "why": "pull failed", "error": str(exc)[:300]})
+                return False
+        return self.add(version, gid, msg["z"], grads, msg["loss"], msg["lag"], msg["group"], msg["extra"])
+
+    def grad_pulls(self) -> dict:
+        """What the satellites' gradient pulls moved: count, bytes, wire seconds."""
+        pulls = self.receiver.pulls
+        return {"n": len(pulls), "bytes": sum(p.bytes for p in pulls), "seconds": sum(p.seconds for p in pulls)}
 
     def _sum(self, z: float, grads: dict, loss: float) -> None:
         for k, g in grads.items():
@@ -180,6 +215,7 @@ class CoreTrainer(_Side):
         return {"save_weights_s": t1 - t0, "publish_s": t2 - t1, "checkpoint_s": time.perf_counter() - t2}
 
     def close(self) -> None:
+        self.receiver.close()
         self.publisher.close()
 
 
@@ -195,6 +231,8 @@ class SatelliteTrainer(_Side):
         super().__init__(cfg)
         self.run_dir = run_dir
         self.puller = make_puller(cfg.transfer)
+        shapes = {n: tuple(p.shape) for n, p in self.trainer.model.named_parameters()}
+        self.sender = GradientSender(cfg.transfer, shapes, slots=cfg.scheduler.batch_groups)
         self.version = -1
         self.pulls: list[dict] = []
         self.pull_retries: list[dict] = []  # pulls retried after a checksum mismatch
@@ -234,5 +272,17 @@ class SatelliteTrainer(_Side):
                 idle()
             time.sleep(0.02)
 
+    def message(self, version: int, group: dp.Group, z: float, grads: dict, loss: float, lag: dict,
+                extra: dict, seconds: float) -> dict:
+        """Publish group ``group``'s gradients of ``version`` and return the GRADS message for the core: the
+        buffer's descriptor instead of the arrays; the group itself and the trainer's logprobs only when the core
+        trains it again (``train.epochs > 1``)."""
+        desc = self.sender.publish(grads, version, group.gid).to_dict() if grads else None
+        again = self.cfg.train.epochs > 1
+        extra = {k: v for k, v in extra.items() if again or k != "trainer_logprob"}
+        return {"version": version, "gid": group.gid, "z": z, "grads": desc, "loss": loss, "lag": lag,
+                "seconds": seconds, "group": group if again else None, "extra": extra}
+
     def close(self) -> None:
+        self.sender.close()
         self.puller.close()
