@@ -112,7 +112,7 @@ class CellRunner:
                 while time.monotonic() < deadline:
                     if dp.poll(self.comm, dp.GRADS) is None:
                         time.sleep(0.01)
-            self.rollout.stop()
+            self.rollout.close()
             stats = self._stats()
             if self.trainer is not None:
                 self.trainer.close()
@@ -292,7 +292,8 @@ class CellRunner:
         stats = {"cell": self.cell, "core": self.is_core, "switches": self.switches, "pulls": pulls,
                  "pull_retries": self.earlier.get("pull_retries", []) + getattr(self.trainer, "pull_retries", []),
                  "engine_starts": self.rollout.starts, "engine_wakes": self.rollout.wakes,
-                 "weight_updates": self.rollout.updates,
+                 "weight_updates": self.rollout.updates, "weight_syncs": self.rollout.syncs,
+                 "weight_sync_errors": self.rollout.pull_errors,
                  "engine_deaths": self.rollout.deaths, "failed": self.failed,
                  "grads_dropped": self.trainer.ledger.dropped if self.is_core else [],
                  "version": getattr(self.trainer, "version", None),

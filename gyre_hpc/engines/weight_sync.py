@@ -210,14 +210,15 @@ class WeightPusher:
                 time.sleep(0.001)
             w.wait()
 
-    def reset(self) -> None:
-        """Tear the group down on both sides (after a failure, or before the engine goes away)."""
+    def reset(self, remote: bool = True) -> None:
+        """Tear the group down: the engine's side (unless ``remote`` is false: it is gone) and ours."""
         if self.pg is None:
             return
-        try:
-            self.client.destroy_weights_update_group(self.group_name)
-        except EngineError:
-            pass  # the engine may be gone, or never built its side
+        if remote:
+            try:
+                self.client.destroy_weights_update_group(self.group_name)
+            except EngineError:
+                pass  # the engine may be gone, or never built its side
         close_group(self.pg)
         self.pg = None
 
