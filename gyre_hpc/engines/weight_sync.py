@@ -7,11 +7,14 @@ Who sends which bytes, when (docs/weights.md)::
     POST /init_weights_update_group {addr, port, 1, 2, name, backend}   ─▶  joins the group (blocks until we do)
     open_group(addr, port, rank 0)  (TCPStore master here)               ◀─  rendezvous
     -- every new version -----------------------------------------------------------------------------------
+    POST /pause_generation {mode: in_place}    (running requests keep their KV and wait; SGLang would otherwise
+                                                hold the update until every running request finished)
     POST /begin_weight_update
     POST /update_weights_from_distributed {names, dtypes, shapes, weight_version, flush_cache}  (in a thread)
     broadcast(t, group_src=0) for t in tensors, in ``names`` order  ─▶  receives into fresh tensors, loads them
     POST /update_weight_version {new_version, abort_all_requests: false}   (in-flight requests keep running)
     POST /end_weight_update
+    POST /continue_generation                  (the held requests go on under the new weights and version)
 
 Names are Hugging Face names (``gyre_hpc.models.weights.to_hf``) when the model maps to one (``hf_names``): what
 SGLang needs, and what the local engine maps back. A model with no HF form (LayerNorm, GELU, learned positions)
@@ -22,7 +25,8 @@ The group is built the way SGLang's ``init_custom_process_group`` builds it (a T
 (../shared/notes/sglang.md). Both sides here use ``open_group``.
 
 Invariants
-- An update is always closed: ``/end_weight_update`` follows every ``/begin_weight_update`` that succeeded.
+- An update is always closed: ``/end_weight_update`` follows every ``/begin_weight_update`` that succeeded, and
+  ``/continue_generation`` every ``/pause_generation``.
 - Never aborts: the version is tagged with ``abort_all_requests: false``; in-flight requests continue and their
   later tokens carry the new version (``meta_info.weight_versions`` spans).
 - A failed attempt tears the group down on both sides (``/destroy_weights_update_group`` and locally) before the
@@ -128,6 +132,13 @@ class _Call(threading.Thread):
         return self.result
 
 
+def _quietly(fn) -> None:
+    try:
+        fn()
+    except EngineError:
+        pass
+
+
 class WeightPusher:
     """Pushes versions into one engine (``client``: an ``EngineClient``) over a group it opens once."""
 
@@ -151,6 +162,10 @@ class WeightPusher:
                 self.reset()
         raise WeightSyncError(f"{self.client.url}: weight version {version} not pushed after "
                               f"{1 + self.retries} attempts: " + " | ".join(errors), endpoint="/update_weights_from_distributed")
+
+    def connect(self) -> None:
+        """Build the group with the engine now (else the first ``push`` does)."""
+        self._ensure_group()
 
     def _ensure_group(self) -> None:
         if self.pg is not None:
@@ -180,19 +195,21 @@ class WeightPusher:
         names = list(tensors)
         ts = [tensors[n].detach().contiguous() for n in names]
         t0 = time.perf_counter()
-        self.client.begin_weight_update()
+        self.client.pause("in_place")  # SGLang waits for running requests unless paused; in_place keeps them
         try:
-            call = _Call(self.client.update_weights_from_distributed, names, [dtype_name(t.dtype) for t in ts],
-                         [list(t.shape) for t in ts], version, flush_cache, self.group_name)
-            works = [dist.broadcast(t, group_src=0, group=self.pg, async_op=True) for t in ts]
-            self._wait(works, call)
-            call.finish(self.timeout_s)
-            self.client.update_weight_version(version, abort_all_requests=False)
-        finally:
+            self.client.begin_weight_update()
             try:
-                self.client.end_weight_update()
-            except EngineError:
-                pass  # the attempt's own error (if any) is the one to report; a dead engine fails the next call
+                call = _Call(self.client.update_weights_from_distributed, names,
+                             [dtype_name(t.dtype) for t in ts], [list(t.shape) for t in ts], version, flush_cache,
+                             self.group_name)
+                works = [dist.broadcast(t, group_src=0, group=self.pg, async_op=True) for t in ts]
+                self._wait(works, call)
+                call.finish(self.timeout_s)
+                self.client.update_weight_version(version, abort_all_requests=False)
+            finally:
+                _quietly(self.client.end_weight_update)  # the attempt's own error (if any) is the one to report
+        finally:
+            self.client.resume()  # the held requests go on; their next tokens carry the new version
         seconds = time.perf_counter() - t0
         nbytes = sum(t.numel() * t.element_size() for t in ts)
         return {"seconds": seconds, "bytes": nbytes, "gb_per_s": nbytes / max(seconds, 1e-9) / 1e9,
