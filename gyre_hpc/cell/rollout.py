@@ -111,7 +111,10 @@ class RolloutSide:
     def _pusher(self):
         from gyre_hpc.engines.weight_sync import WeightPusher
 
-        return WeightPusher(self.client, host=self.cfg.engine.host, timeout_s=self.cfg.transfer.timeout_s * 2.0)
+        from gyre_hpc.engines.weight_sync import group_backend
+
+        return WeightPusher(self.client, host=self.cfg.engine.host, backend=group_backend(self.cfg.engine.device),
+                            timeout_s=self.cfg.transfer.timeout_s * 2.0)
 
     def refresh(self) -> bool:
         """Bring a newer published version into the engine (pull, then push); True if one was loaded."""

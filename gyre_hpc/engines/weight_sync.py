@@ -65,6 +65,13 @@ def engine_tensors(full: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict[s
     return to_hf(full, cfg) if hf_names(cfg) else {k: v.contiguous() for k, v in full.items()}
 
 
+def group_backend(device: str) -> str:
+    """gloo for CPU engines, nccl for GPU ones (``engine.device``; auto: nccl when torch sees a GPU)."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return "nccl" if device == "cuda" else "gloo"
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.float32`` → ``"float32"`` (SGLang resolves it with ``getattr(torch, name)``)."""
     return str(dtype).removeprefix("torch.")
@@ -193,7 +200,8 @@ class WeightPusher:
 
         self._ensure_group()
         names = list(tensors)
-        ts = [tensors[n].detach().contiguous() for n in names]
+        device = "cuda" if self.backend == "nccl" else "cpu"  # nccl moves GPU tensors only (untested here: no GPU)
+        ts = [tensors[n].detach().to(device).contiguous() for n in names]
         t0 = time.perf_counter()
         self.client.pause("in_place")  # SGLang waits for running requests unless paused; in_place keeps them
         try:

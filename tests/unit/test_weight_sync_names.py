@@ -81,3 +81,10 @@ def test_update_body_needs_matching_names_dtypes_and_shapes_and_defaults_to_no_a
         with pytest.raises(ProtocolError) as err:
             parse_update_distributed({**body, key: bad})
         assert err.value.key == key
+
+
+def test_cpu_engines_meet_over_gloo_and_gpu_engines_over_nccl():
+    from gyre_hpc.engines.weight_sync import group_backend
+
+    assert (group_backend("cpu"), group_backend("cuda")) == ("gloo", "nccl")
+    assert group_backend("auto") == ("nccl" if torch.cuda.is_available() else "gloo")
