@@ -30,7 +30,7 @@ Invariants
 - Never aborts: the version is tagged with ``abort_all_requests: false``; in-flight requests continue and their
   later tokens carry the new version (``meta_info.weight_versions`` spans).
 - A failed attempt tears the group down on both sides (``/destroy_weights_update_group`` and locally) before the
-  next one builds a fresh group; after ``retries`` failed attempts the push raises ``WeightSyncError``.
+  next one builds a fresh group; after ``1 + retries`` failed attempts the push raises ``WeightSyncError``.
 - No disk: the bytes go from the sender's tensors to the engine's over the group only.
 """
 from __future__ import annotations
