@@ -354,6 +354,20 @@ class AsyncEngineClient:
     async def update_weight_version(self, version: str, abort_all_requests: bool = False) -> None:
         await self._call(_Specs.update_weight_version(version, abort_all_requests))
 
+    async def init_weights_update_group(self, address: str, port: int, rank_offset: int, world_size: int,
+                                        group_name: str, backend: str = "gloo") -> dict:
+        return await self._call(_Specs.init_weights_update_group(address, port, rank_offset, world_size,
+                                                                 group_name, backend))
+
+    async def destroy_weights_update_group(self, group_name: str) -> dict:
+        return await self._call(_Specs.destroy_weights_update_group(group_name))
+
+    async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
+                                              shapes: Sequence[Sequence[int]], version: str | None = None,
+                                              flush_cache: bool = False, group_name: str = "gyre_weights") -> dict:
+        return await self._call(_Specs.update_weights_from_distributed(names, dtypes, shapes, version, flush_cache,
+                                                                       group_name))
+
     async def weight_version(self) -> str:
         return await self._call(_Specs.weight_version())
 
