@@ -4,7 +4,8 @@
 
     local engine ──/generate──► Harness (groups of runs) ──per-run TITO files──► read_runs ─► build_batch
          ▲                                                                                      │
-         └──/update_weights_from_disk◄── save_weights ◄── Trainer.export_weights ◄── Trainer.step
+         └──/update_weights_from_distributed◄── WeightPusher ◄── Trainer.export_weights ◄── Trainer.step
+                                                  (the one road: docs/weights.md; work/weights/ is kept for export)
 
 One step: ``groups_per_step`` fresh queries, their runs against the engine, ``epochs`` optimizer steps on the
 packed batch (``train.loss=ppo`` when epochs > 1), the new weights loaded by the engine (version = optimizer
@@ -14,7 +15,7 @@ involved. Before the first and after the last step the same ``eval_groups`` held
 
 Invariants
 - The trainer and the engine start from the same weights (same model config and seed), and after each step the
-  engine serves exactly the trainer's export (``update_weights_from_disk`` of the saved version): the tokens of
+  engine serves exactly the trainer's export (pushed over ``/update_weights_from_distributed``): the tokens of
   step ``k`` carry the trainer's version at the start of step ``k`` (``generated_versions``).
 - Step ``k`` uses query indices ``[k * groups_per_step, (k + 1) * groups_per_step)``: never a repeated query,
   and never an evaluation query.
@@ -76,6 +77,7 @@ def run_closed_loop(agent: AgentConfig, model: ModelConfig, train: TrainConfig, 
                     on_step: Callable[[StepRecord], None] | None = None) -> LoopResult:
     """``steps`` RL steps (each record also handed to ``on_step`` as it ends), evaluated before and after."""
     from gyre_hpc.engines.launch import free_port, start_local_engine
+    from gyre_hpc.engines.weight_sync import WeightPusher, engine_tensors
     from gyre_hpc.engines.weights import save_weights
     from gyre_hpc.train import agreement
     from gyre_hpc.train.model import init_parallel
@@ -100,6 +102,7 @@ def run_closed_loop(agent: AgentConfig, model: ModelConfig, train: TrainConfig, 
 
     try:
         with handle.client(timeout=engine.request_timeout_s) as client:
+            pusher = WeightPusher(client, host=engine.host)
             before = evaluate("eval-before")
             for step in range(steps):
                 t0, version = time.perf_counter(), trainer.version
@@ -111,8 +114,9 @@ def run_closed_loop(agent: AgentConfig, model: ModelConfig, train: TrainConfig, 
                     metrics = trainer.step(batch)
                     epochs_done.append(metrics)
                 t2 = time.perf_counter()
-                weights = save_weights(work / "weights", trainer.export_weights(), str(trainer.version))
-                client.update_weights_from_disk(str(weights), str(trainer.version))
+                exported = trainer.export_weights()
+                pusher.push(engine_tensors(exported, model), str(trainer.version))
+                save_weights(work / "weights", exported, str(trainer.version))  # for gyre model export, not the engine
                 scores = [o.score for o in log.outcomes if o.score is not None]
                 rec = StepRecord(step, version, sum(scores) / max(len(scores), 1),
                                  len(log.outcomes), len(scores), report.trained_tokens,
@@ -123,6 +127,7 @@ def run_closed_loop(agent: AgentConfig, model: ModelConfig, train: TrainConfig, 
                 if on_step is not None:
                     on_step(rec)
             after = evaluate("eval-after")
+            pusher.close()
     finally:
         handle.stop()
     return LoopResult(tuple(records), before, after)

@@ -1,11 +1,15 @@
 """The rollout side of a cell (edge: engine processes, the proxy's admin API).
 
-``start()`` launches the cell's engine (``engines.launch.start_engine``) from the newest published weights
-(``LATEST.json``; before the first step: the seed's initial weights, which equal the trainer's version 0) and
-registers it with the proxy under a fresh name. ``refresh()`` loads a newer version into the running engine
-(``/update_weights_from_disk``; requests in flight continue, their tokens after the load carry the new
-version). ``leave()`` asks the proxy to drain the cell — its calls move to other engines without the harness
-seeing an error — removes it, then stops the engine by PID, or with ``engine.sleep_in_training`` puts it to
+``start()`` launches the cell's engine (``engines.launch.start_engine``) on its initial weights (the seed's, or
+``model.hf_path``'s: the trainer's version 0), brings it to the newest published version (``refresh``), then
+registers it with the proxy under a fresh name. ``refresh()`` brings a newer version into the running engine
+by the one road (docs/weights.md): it pulls the core's published buffer over the transfer backend (Mooncake,
+checksums verified: what satellites do), then pushes the tensors into its engine over
+``/update_weights_from_distributed`` (``engines.weight_sync.WeightPusher``, the same calls for the local engine
+and SGLang); requests in flight continue, their tokens after the load carry the new version. The engine reads
+the disk only for its initial weights when it starts or wakes (then the newest version is pushed again).
+``leave()`` asks the proxy to drain the cell — its calls move to other engines without the harness seeing an
+error — removes it, then stops the engine by PID, or with ``engine.sleep_in_training`` puts it to
 sleep (``/release_memory_occupation``: the process stays, its memory goes); ``start()`` then wakes it
 (``/resume_memory_occupation``), loads the newest weights and registers it again under a fresh name — no
 process start.
@@ -16,25 +20,26 @@ before (often it has already noticed the broken connections itself) —, removes
 ``move`` records for it; the runner then ``start()``s a new engine on the newest weights.
 
 Invariants (tests/integration/test_live_training.py)
-- An engine is registered with the proxy only once it is healthy, and removed from the proxy before it stops
-  or sleeps, so the proxy never routes a new call to a stopping or sleeping engine; a woken engine is
+- An engine is registered with the proxy only once it is healthy and serves the newest version, and removed
+  from the proxy before it stops or sleeps, so the proxy never routes a new call to a stopping or sleeping engine; a woken engine is
   registered only after it loaded the newest weights.
-- The engine serves the newest version the core has written (checked at every ``refresh``).
+- The engine serves the newest version the core has written (checked at every ``refresh``); a refresh never
+  reads the weights directory (pull + push only) and never aborts a request.
 - A dead engine is removed from the proxy before a new one is registered; a refresh that fails because the
   engine just died is left to the restart, which loads the newest version anyway
   (tests/integration/test_live_faults.py).
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 
 from gyre_hpc.cell import store
 from gyre_hpc.clock import wait_until
 from gyre_hpc.config import GyreConfig
-from gyre_hpc.errors import EngineError
+from gyre_hpc.errors import EngineError, TransferError
 
+PULL_GIVE_UP_S = 60.0  # a rollout cell whose pulls of a published version fail this long raises (TransferError)
 MOVES_WAIT_S = 5.0  # how long reap() waits for the proxy to log the moves of the dead engine's calls
 
 
@@ -50,6 +55,11 @@ class RolloutSide:
         self.deaths: list[dict] = []
         self.asleep = False
         self.wakes = 0
+        self.puller = None  # the transfer backend's puller, made at the first refresh (after any fork)
+        self.pusher = None  # engines.weight_sync.WeightPusher of the running engine
+        self.syncs: list[dict] = []  # one record per version pushed: pull and push timings
+        self.pull_errors: list[dict] = []  # failed pulls (retried at the next refresh)
+        self._failing: float | None = None
 
     @property
     def running(self) -> bool:
@@ -63,20 +73,17 @@ class RolloutSide:
         if self.asleep:
             return self._wake()
         t0 = time.perf_counter()
-        latest = store.read_latest(self.run_dir)
-        engine = self.cfg.engine
-        if latest is not None:
-            engine = dataclasses.replace(engine, model_path=latest["path"],
-                                         initial_weight_version=str(latest["version"]))
+        engine = self.cfg.engine  # its initial weights (the seed's, or model.hf_path's: version 0): no weights dir
         self.starts += 1
         logs = self.run_dir / "cells" / f"cell{self.cell}"
         self.handle = start_engine_on_free_port(engine, self.cfg.model, seed=self.cfg.run.seed,
                                                 log_path=logs / f"engine-{self.starts}.log", name=f"cell{self.cell}")
         self.client = self.handle.client(timeout=engine.request_timeout_s)
+        self.pusher = self._pusher()
         self.version = int(self.client.weight_version())
+        self.refresh()  # the newest version, by the one road, before the proxy sees the engine
         t1 = time.perf_counter()
         self._register(f"cell{self.cell}-e{self.starts}")
-        self.refresh()
         return {"engine_start_s": t1 - t0, "register_s": time.perf_counter() - t1}
 
     def _wake(self) -> dict:
@@ -87,6 +94,7 @@ class RolloutSide:
             return self.start()
         t0 = time.perf_counter()
         self.client.resume_memory()
+        self.version = int(self.client.weight_version())  # back to the disk weights' version if they were pushed
         self.refresh()
         t1 = time.perf_counter()
         self.wakes += 1
@@ -101,20 +109,75 @@ class RolloutSide:
         with ProxyClient(self.proxy_url, timeout=30.0) as proxy:
             proxy.add_engine(self.handle.url, cell=self.cell, name=name)
 
+    def _pusher(self):
+        from gyre_hpc.engines.weight_sync import WeightPusher
+
+        from gyre_hpc.engines.weight_sync import group_backend
+
+        return WeightPusher(self.client, host=self.cfg.engine.host, backend=group_backend(self.cfg.engine.device),
+                            timeout_s=self.cfg.transfer.timeout_s * 2.0)
+
     def refresh(self) -> bool:
-        """Load a newer published version into the engine; True if one was loaded."""
+        """Bring a newer published version into the engine (pull, then push); True if one was loaded."""
         latest = store.read_latest(self.run_dir)
         if self.client is None or latest is None or latest["version"] <= self.version:
             return False
         try:
-            self.client.update_weights_from_disk(latest["path"], str(latest["version"]))
+            tensors, rec = self._pull(latest)
+        except TransferError as exc:  # e.g. the core closed its buffer as the run ends: try again next pass
+            self.pull_errors.append({"version": latest["version"], "error": str(exc)[:300], "t": time.time()})
+            if time.monotonic() - self._failing_since(True) > PULL_GIVE_UP_S:
+                raise
+            return False
+        self._failing_since(False)
+        try:
+            t0 = time.perf_counter()
+            pushed = self.pusher.push(tensors, str(rec["version"]))
         except EngineError:
             if self.alive():
                 raise
             return False  # it died: the restart starts on the newest weights
-        self.version = latest["version"]
+        self.syncs.append({**rec, "push_s": time.perf_counter() - t0, "push_gb_per_s": pushed["gb_per_s"],
+                           "push_attempts": pushed["attempt"] + 1})
+        self.version = rec["version"]
         self.updates += 1
         return True
+
+    def _failing_since(self, failing: bool) -> float:
+        """When the current run of failed pulls began (reset by a good pull)."""
+        self._failing = (self._failing or time.monotonic()) if failing else None
+        return self._failing or time.monotonic()
+
+    def _pull(self, latest: dict) -> tuple[dict, dict]:
+        """The core's published tensors of ``latest`` (or of a newer version published meanwhile), under the
+        names engines load; a checksum mismatch is pulled again up to ``transfer.checksum_retries`` times."""
+        import numpy as np
+        import torch
+
+        from gyre_hpc.cell.training import is_checksum_error
+        from gyre_hpc.engines.weight_sync import engine_tensors
+        from gyre_hpc.transfer import WeightDescriptor, make_puller
+
+        if self.puller is None:
+            self.puller = make_puller(self.cfg.transfer)
+        bad, t0 = 0, time.perf_counter()
+        while True:
+            if not latest.get("descriptor"):
+                raise TransferError(f"version {latest['version']} has no transfer descriptor in LATEST.json")
+            try:
+                arrays, stats = self.puller.pull(WeightDescriptor.from_dict(latest["descriptor"]))
+                break
+            except TransferError as exc:
+                if is_checksum_error(exc) and bad < self.cfg.transfer.checksum_retries:
+                    bad += 1
+                elif "stale" not in str(exc):
+                    raise
+                latest = store.read_latest(self.run_dir)  # stale: the core published a newer version meanwhile
+        full = {k: torch.from_numpy(a if a.flags.writeable else np.array(a)) for k, a in arrays.items()}
+        rec = {"version": int(latest["version"]), "pull_s": time.perf_counter() - t0, "bytes": stats.bytes,
+               "pull_gb_per_s": stats.gb_per_s, "checksum_ok": stats.checksum_ok, "backend": stats.backend,
+               "pull_retries": bad}
+        return engine_tensors(full, self.cfg.model), rec
 
     def alive(self) -> bool:
         return self.handle is not None and self.handle.alive()
@@ -157,12 +220,22 @@ class RolloutSide:
         return {"drain_s": t1 - t0, part: time.perf_counter() - t1, "moved_calls": drained.get("moved", 0)}
 
     def stop(self) -> None:
+        if self.pusher is not None:
+            self.pusher.reset(remote=self.alive())  # a dead engine's side of the group went with it
+            self.pusher = None
         if self.client is not None:
             self.client.close()
         if self.handle is not None:
             self.handle.stop()
         self.handle = self.client = None
         self.asleep = False
+
+    def close(self) -> None:
+        """Stop the engine and free the puller (end of the run)."""
+        self.stop()
+        if self.puller is not None:
+            self.puller.close()
+            self.puller = None
 
 
 def _moves_of(proxy, name: str) -> list[dict]:

@@ -112,7 +112,7 @@ class CellRunner:
         finally:
             if self.is_core:  # take what satellites still send, so none of them waits on the core
                 wait_until(lambda: False, 1.0, poll_s=0.01, idle=self._drop_grads)  # one second of draining
-            self.rollout.stop()
+            self.rollout.close()
             stats = self._stats()
             if self.trainer is not None:
                 self.trainer.close()
@@ -300,7 +300,8 @@ class CellRunner:
         stats = {"cell": self.cell, "core": self.is_core, "switches": self.switches, "pulls": pulls,
                  "pull_retries": self.earlier.get("pull_retries", []) + getattr(self.trainer, "pull_retries", []),
                  "engine_starts": self.rollout.starts, "engine_wakes": self.rollout.wakes,
-                 "weight_updates": self.rollout.updates,
+                 "weight_updates": self.rollout.updates, "weight_syncs": self.rollout.syncs,
+                 "weight_sync_errors": self.rollout.pull_errors,
                  "engine_deaths": self.rollout.deaths, "failed": self.failed,
                  "grads_dropped": self.trainer.ledger.dropped if self.is_core else [],
                  "grad_pulls": self.trainer.grad_pulls() if self.is_core else None,

@@ -5,8 +5,9 @@
     weights/v000003/        engines' format (engines.weights.save_weights: weights.pt + meta.json), atomic
     weights/LATEST.json     {"version": 3, "path": ".../v000003", "descriptor": {...}}   (atomic rename)
 
-Rollout cells poll ``LATEST.json`` and load a newer version into their engine (``/update_weights_from_disk``);
-satellites read its Mooncake ``descriptor`` and pull the core's published buffer.
+Rollout cells and satellites read its Mooncake ``descriptor`` and pull the core's published buffer; rollout cells then
+push it into their engine (``/update_weights_from_distributed``, docs/weights.md). The directories serve export,
+checkpoints and ``/update_weights_from_disk`` (an endpoint, off the hot path).
 
 Invariants
 - ``LATEST.json`` is written only after the version's directory is complete and its buffer is published, so a

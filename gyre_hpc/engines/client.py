@@ -143,6 +143,25 @@ class _Specs:
             body["weight_version"] = str(version)
         return _Spec("POST", "/update_weights_from_disk", body, _json)
 
+    @staticmethod
+    def init_weights_update_group(address: str, port: int, rank_offset: int, world_size: int, group_name: str,
+                                  backend: str) -> _Spec:
+        return _Spec("POST", "/init_weights_update_group",
+                     {"master_address": address, "master_port": int(port), "rank_offset": int(rank_offset),
+                      "world_size": int(world_size), "group_name": group_name, "backend": backend}, _json)
+
+    destroy_weights_update_group = staticmethod(lambda group_name: _Spec(
+        "POST", "/destroy_weights_update_group", {"group_name": group_name}, _json))
+
+    @staticmethod
+    def update_weights_from_distributed(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
+                                        version: str | None, flush_cache: bool, group_name: str) -> _Spec:
+        body = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
+                "group_name": group_name, "flush_cache": flush_cache, "abort_all_requests": False}
+        if version is not None:
+            body["weight_version"] = str(version)
+        return _Spec("POST", "/update_weights_from_distributed", body, _json)
+
 
 def _check(url: str, spec: _Spec, resp: httpx.Response) -> Any:
     if resp.status_code >= 400:
@@ -224,6 +243,22 @@ class EngineClient:
 
     def update_weight_version(self, version: str, abort_all_requests: bool = False) -> None:
         self._call(_Specs.update_weight_version(version, abort_all_requests))
+
+    def init_weights_update_group(self, address: str, port: int, rank_offset: int, world_size: int,
+                                  group_name: str, backend: str = "gloo") -> dict:
+        """Join the weight-update group (blocks until the sender joined too: ``engines.weight_sync``)."""
+        return self._call(_Specs.init_weights_update_group(address, port, rank_offset, world_size, group_name,
+                                                           backend))
+
+    def destroy_weights_update_group(self, group_name: str) -> dict:
+        return self._call(_Specs.destroy_weights_update_group(group_name))
+
+    def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
+                                        shapes: Sequence[Sequence[int]], version: str | None = None,
+                                        flush_cache: bool = False, group_name: str = "gyre_weights") -> dict:
+        """Receive the tensors the sender broadcasts over the group (never aborts in-flight requests)."""
+        return self._call(_Specs.update_weights_from_distributed(names, dtypes, shapes, version, flush_cache,
+                                                                 group_name))
 
     def weight_version(self) -> str:
         return self._call(_Specs.weight_version())
@@ -318,6 +353,20 @@ class AsyncEngineClient:
 
     async def update_weight_version(self, version: str, abort_all_requests: bool = False) -> None:
         await self._call(_Specs.update_weight_version(version, abort_all_requests))
+
+    async def init_weights_update_group(self, address: str, port: int, rank_offset: int, world_size: int,
+                                        group_name: str, backend: str = "gloo") -> dict:
+        return await self._call(_Specs.init_weights_update_group(address, port, rank_offset, world_size,
+                                                                 group_name, backend))
+
+    async def destroy_weights_update_group(self, group_name: str) -> dict:
+        return await self._call(_Specs.destroy_weights_update_group(group_name))
+
+    async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
+                                              shapes: Sequence[Sequence[int]], version: str | None = None,
+                                              flush_cache: bool = False, group_name: str = "gyre_weights") -> dict:
+        return await self._call(_Specs.update_weights_from_distributed(names, dtypes, shapes, version, flush_cache,
+                                                                       group_name))
 
     async def weight_version(self) -> str:
         return await self._call(_Specs.weight_version())

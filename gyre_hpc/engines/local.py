@@ -13,15 +13,16 @@ Endpoints (SGLang 0.5.23 names and shapes; see docs/engines.md for what the loca
 ``/end_weight_update``, ``/update_weights_from_disk``, ``/update_weight_version``, ``/weights_checker``,
 ``/flush_cache``, ``/health``, ``/health_generate``, ``/model_info``, ``/server_info``, ``/v1/loads``, and the
 KV mover's ``/kv/export``, ``/kv/import``, ``/kv/release`` (``kvroutes``; local engine only);
-``/update_weights_from_tensor`` and ``/update_weights_from_distributed`` answer 400 (outside begin/end, as
-SGLang; inside, because the local engine loads weights from disk only).
+``/init_weights_update_group``, ``/update_weights_from_distributed``, ``/destroy_weights_update_group`` (gloo;
+``weight_routes``: the hot path of new weights, ``engines.weight_sync``); ``/update_weights_from_tensor`` answers
+400 (outside begin/end, as SGLang; inside, because the local engine does not implement it).
 
 Invariants
 - Every refused request gets SGLang's error shape ``{"error": {"message": ...}}`` with 400 (bad input), 503
   (overloaded) or the ``EngineError`` status; a validation error never reaches the scheduler.
 - A ``/generate`` whose caller disconnects is aborted within ``DISCONNECT_POLL_S`` (its slot is freed).
-- ``weight_version`` changes only through ``/update_weights_from_disk`` (when given) and
-  ``/update_weight_version``, and ``/model_info``, ``/weights_checker`` and new tokens see the change together.
+- ``weight_version`` changes only through ``/update_weights_from_disk``, ``/update_weights_from_distributed`` (when
+  given) and ``/update_weight_version``, and ``/model_info``, ``/weights_checker`` and new tokens see the change together.
 """
 from __future__ import annotations
 
@@ -37,11 +38,12 @@ from datetime import datetime, timezone
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from gyre_hpc.config import EngineConfig, TransferConfig, load_config
+from gyre_hpc.config import EngineConfig, ModelConfig, TransferConfig, load_config
 from gyre_hpc.engines import protocol as P
 from gyre_hpc.engines.kvport import KVPort
 from gyre_hpc.engines.kvroutes import add_kv_routes
 from gyre_hpc.engines.scheduler import Scheduler
+from gyre_hpc.engines.weight_routes import add_weight_routes
 from gyre_hpc.engines.weights import load_weights_dir
 from gyre_hpc.errors import ConfigError, EngineError, GyreError
 from gyre_hpc.serving import answer_unless_hung_up, make_server, read_json, serve_announced
@@ -62,12 +64,15 @@ class LocalEngine:
     """The HTTP face of one scheduler (state that is not per request: weight-update session, model path)."""
 
     def __init__(self, scheduler: Scheduler, cfg: EngineConfig, model_path: str | None = None,
-                 transfer: TransferConfig | None = None):
+                 transfer: TransferConfig | None = None, model_cfg: ModelConfig | None = None):
         self.s = scheduler
+        self.model_cfg = model_cfg  # maps Hugging Face names of distributed updates back (weight_routes)
         self.kv_port = KVPort(transfer or TransferConfig())  # /kv/* (gyre_hpc.engines.kvroutes)
         self.cfg = cfg
         self.model_path = model_path
         self.in_weight_update = False
+        self.disk_version = scheduler.version  # the version of the weights model_path (or the seed) holds
+        self.pushed = False  # weights came over /update_weights_from_distributed since the last disk load
         self.app = FastAPI(lifespan=self._lifespan)
         self._routes()
 
@@ -90,8 +95,8 @@ class LocalEngine:
         add("/begin_weight_update", self.begin_weight_update, methods=["POST"])
         add("/end_weight_update", self.end_weight_update, methods=["POST"])
         add("/update_weights_from_disk", self.update_weights_from_disk, methods=["POST"])
-        for path in ("/update_weights_from_tensor", "/update_weights_from_distributed", "/init_weights_update_group"):
-            add(path, self.unsupported_update, methods=["POST"])
+        add("/update_weights_from_tensor", self.unsupported_update, methods=["POST"])
+        add_weight_routes(app, self)
         add("/update_weight_version", self.update_weight_version, methods=["POST"])
         add("/release_memory_occupation", self.release_memory_occupation, methods=["GET", "POST"])
         add("/resume_memory_occupation", self.resume_memory_occupation, methods=["GET", "POST"])
@@ -160,6 +165,7 @@ class LocalEngine:
         except EngineError as exc:
             return JSONResponse({"success": False, "message": str(exc), "num_paused_requests": 0}, 400)
         self.model_path = upd.model_path
+        self.disk_version, self.pushed = self.s.version, False
         message = f"Succeeded to update model weights from {upd.model_path}."
         if upd.weight_version is not None:
             message += f" Weight version updated to {upd.weight_version}."
@@ -169,7 +175,7 @@ class LocalEngine:
         if not self.in_weight_update:
             msg = f"{request.url.path} must be wrapped in /begin_weight_update ... /end_weight_update"
         else:
-            msg = f"{request.url.path} is not supported by the local engine; use /update_weights_from_disk"
+            msg = f"{request.url.path} is not supported by the local engine; use /update_weights_from_distributed"
         return JSONResponse({"success": False, "message": msg}, 400)
 
     async def update_weight_version(self, request: Request):
@@ -190,11 +196,16 @@ class LocalEngine:
         return {"success": True, "message": f"released {', '.join(tags)}"}
 
     async def resume_memory_occupation(self, request: Request):
-        """Wake: give the memory back; released weights are reloaded from where they came from (the last
-        weights directory loaded, else the seed's initial weights), so the weight version is unchanged."""
+        """Wake: give the memory back; released weights are reloaded from disk (the last weights directory loaded,
+        else the seed's initial weights). The weight version is unchanged, unless the released weights had come
+        over ``/update_weights_from_distributed``: then it goes back to the version of the disk weights, and the
+        sender pushes the newest version again (``cell.rollout``)."""
         tags = P.parse_memory_tags(await _json(request))
         path = self.model_path
+        reload_weights = "weights" in tags and "weights" in self.s.released
         await self.s.resume_memory(tags, lambda: load_weights_dir(path)[0] if path else self.s.policy.initial_state())
+        if reload_weights and self.pushed:
+            self.s.version, self.pushed = self.disk_version, False
         return {"success": True, "message": f"resumed {', '.join(tags)}"}
 
     async def weights_checker(self, request: Request):
@@ -265,7 +276,7 @@ def build_engine(config_path: str | None, overrides: list[str]) -> LocalEngine:
         policy.load_weights(state)
         engine_cfg = dataclasses.replace(engine_cfg, initial_weight_version=meta["weight_version"])
     return LocalEngine(Scheduler(policy, engine_cfg, seed=cfg.run.seed), engine_cfg, engine_cfg.model_path,
-                       cfg.transfer)
+                       cfg.transfer, cfg.model)
 
 
 async def serve(engine: LocalEngine, host: str, port: int) -> None:

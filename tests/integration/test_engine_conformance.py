@@ -24,6 +24,7 @@ from gyre_hpc.config import EngineConfig, ModelConfig
 from gyre_hpc.engines.client import EngineClient
 from gyre_hpc.engines.launch import EngineHandle, free_port, start_engine
 from gyre_hpc.engines.protocol import GenerateResult
+from gyre_hpc.engines.weight_sync import WeightPusher
 from gyre_hpc.errors import EngineError
 
 pytestmark = [pytest.mark.slow]
@@ -238,6 +239,62 @@ def test_tensor_weight_updates_must_be_wrapped_in_begin_and_end(client):
     with pytest.raises(EngineError) as unopened:
         client.end_weight_update()
     assert twice.value.status == unopened.value.status == 400
+
+
+# ------------------------------------------------------------------------------------ distributed weights
+def _other_weights(kind: str, tmp) -> dict:
+    """Weights of the engine's architecture that differ from the ones it serves, under the names it loads."""
+    if kind == "local":
+        import torch
+
+        from gyre_hpc.engines.weight_sync import engine_tensors
+        from gyre_hpc.train.model import build_model
+
+        state = {k: v for k, v in build_model(ModelConfig(), seed=7).state_dict().items() if isinstance(v, torch.Tensor)}
+        return engine_tensors(state, ModelConfig())
+    from gyre_hpc.models.hf_io import read_safetensors
+    from gyre_hpc.models.init import init_model
+
+    return read_safetensors(init_model("qwen3", tmp / "qwen3-other", head_dim=16, ffn=128, seed=1))
+
+
+def test_a_distributed_weight_update_shows_in_model_info_and_generation_and_splits_in_flight_spans(
+        served, client, tmp_path_factory):
+    greedy = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
+    before = client.generate(PROMPT, greedy).output_ids
+    tensors = _other_weights(served.kind, tmp_path_factory.mktemp("other-weights"))
+    old = client.weight_version()
+    new = f"{old}-dist"
+    pusher = WeightPusher(client)
+    try:
+        pusher.connect()  # the group is built once per engine; the update itself is short
+        bg = _decoding(client, HELD)
+        stats = pusher.push(tensors, new)
+        res = bg.join()
+    finally:
+        pusher.close()
+    assert stats["attempt"] == 0 and stats["tensors"] == len(tensors)
+    assert res.finish_reason == "length" and len(res.output_ids) == HELD  # never aborted
+    spans = _spans(res)
+    assert len(spans) == 2 and spans[0][:2] == (old, 0) and spans[1][0] == new and spans[1][2] == HELD
+    assert spans[0][2] == spans[1][1]
+    assert client.weight_version() == new == client.model_info()["weight_version"]
+    assert client.generate(PROMPT, greedy).output_ids != before
+
+
+def test_a_distributed_update_outside_begin_end_or_to_an_unknown_group_is_a_400_that_changes_nothing(client):
+    version = client.weight_version()
+    args = (["model.embed_tokens.weight"], ["float32"], [[4, 4]], "never")
+    with pytest.raises(EngineError) as unwrapped:
+        client.update_weights_from_distributed(*args, group_name="no-such-group")
+    client.begin_weight_update()
+    try:
+        with pytest.raises(EngineError) as unknown:
+            client.update_weights_from_distributed(*args, group_name="no-such-group")
+    finally:
+        client.end_weight_update()
+    assert unwrapped.value.status == unknown.value.status == 400
+    assert client.weight_version() == version
 
 
 # ------------------------------------------------------------------------------------------------ status

@@ -72,6 +72,14 @@ def test_a_satellite_pulls_the_cores_weights_over_mooncake_with_matching_checksu
     assert satellites_trained, "no satellite trained a group"
 
 
+def test_engines_get_each_new_version_by_a_checksummed_pull_and_a_distributed_push(live_run):
+    """Engines start on the seed's weights; every later version reaches them by the one road (docs/weights.md)."""
+    summary, run_dir, _ = live_run
+    syncs = [s for f in (run_dir / "cells").glob("cell*.json") for s in json.loads(f.read_text())["weight_syncs"]]
+    assert syncs and all(s["backend"] == "mooncake" and s["checksum_ok"] and s["bytes"] > 0 for s in syncs)
+    assert max(s["version"] for s in syncs) >= 1 and all(s["push_attempts"] >= 1 for s in syncs)
+
+
 def test_no_run_is_lost_and_every_finished_run_has_a_reward(live_run):
     summary, run_dir, _ = live_run
     assert summary["runs_lost"] == 0

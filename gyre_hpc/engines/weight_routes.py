@@ -1,0 +1,153 @@
+"""The local engine's distributed weight update: ``/init_weights_update_group``, ``/update_weights_from_distributed``,
+``/destroy_weights_update_group`` (SGLang 0.5.23's names, bodies and answers; the sender is
+``gyre_hpc.engines.weight_sync.WeightPusher``).
+
+The engine joins a torch group (gloo on CPU) as ``rank_offset``; an update receives one broadcast per announced
+tensor from group rank 0, in the announced order, into fresh tensors (generation goes on meanwhile with the old
+weights), maps Hugging Face names back to megatron's (``models.weights.to_megatron``; megatron names are taken as
+they are), then loads them between two decode ticks. Tokens decoded after the load carry ``weight_version``.
+
+Invariants
+- ``/update_weights_from_distributed`` outside ``/begin_weight_update`` … ``/end_weight_update`` is a 400 and
+  receives nothing (as SGLang); so is one naming a group that was not initialised.
+- A refused update (names that do not cover the model, wrong shapes or dtypes) leaves the loaded weights and the
+  version untouched and answers 400 with ``success: false``.
+- ``abort_all_requests`` defaults to false: in-flight requests survive an update. ``flush_cache: true`` while
+  requests run answers 400 after the weights were loaded (SGLang's behaviour: the prefix cache cannot be flushed).
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Mapping
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from gyre_hpc.engines import protocol as P
+from gyre_hpc.errors import CheckpointError, EngineError
+from gyre_hpc.serving import read_json
+
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+def _str(body: Mapping, key: str, default: Any = None) -> str:
+    v = body.get(key, default)
+    if not isinstance(v, str) or not v:
+        raise P.ProtocolError(key, f"expected a non-empty string, got {v!r}")
+    return v
+
+
+def parse_init_group(body: Any) -> dict:
+    body = P._object(body)
+    P._only(body, ("master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"))
+    out = {"address": _str(body, "master_address"), "port": P._int("master_port", body.get("master_port"), 1),
+           "rank_offset": P._int("rank_offset", body.get("rank_offset"), 1),
+           "world_size": P._int("world_size", body.get("world_size"), 2),
+           "group_name": _str(body, "group_name", "weight_update_group"), "backend": _str(body, "backend", "nccl")}
+    if out["rank_offset"] >= out["world_size"]:
+        raise P.ProtocolError("rank_offset", f"{out['rank_offset']} is not below world_size={out['world_size']}")
+    if out["backend"] != "gloo":
+        raise P.ProtocolError("backend", f"{out['backend']!r}: the local engine runs on the CPU (gloo only)")
+    return out
+
+
+def parse_update_distributed(body: Any) -> dict:
+    body = P._object(body)
+    P._only(body, ("names", "dtypes", "shapes", "group_name", "flush_cache", "abort_all_requests", "weight_version",
+                   "load_format", "selector", "torch_empty_cache"))
+    names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        raise P.ProtocolError("names", f"expected a non-empty list of tensor names, got {str(names)[:100]}")
+    if not isinstance(dtypes, list) or len(dtypes) != len(names) or any(d not in DTYPES for d in dtypes):
+        raise P.ProtocolError("dtypes", f"expected {len(names)} of {', '.join(DTYPES)}, got {str(dtypes)[:100]}")
+    if (not isinstance(shapes, list) or len(shapes) != len(names)
+            or not all(isinstance(s, list) and all(isinstance(d, int) and d >= 0 for d in s) for s in shapes)):
+        raise P.ProtocolError("shapes", f"expected {len(names)} lists of sizes, got {str(shapes)[:100]}")
+    if body.get("load_format") is not None:
+        raise P.ProtocolError("load_format", f"{body['load_format']!r} is not supported (only null)")
+    version = body.get("weight_version")
+    if version is not None and (not isinstance(version, str) or not version):
+        raise P.ProtocolError("weight_version", f"expected a non-empty string, got {version!r}")
+    return {"names": names, "dtypes": dtypes, "shapes": shapes, "version": version,
+            "group_name": _str(body, "group_name", "weight_update_group"),
+            "flush_cache": P._bool("flush_cache", body.get("flush_cache", True)),
+            "abort_all": P._bool("abort_all_requests", body.get("abort_all_requests", False))}
+
+
+async def _body(request: Request) -> Any:
+    return await read_json(request, lambda message: P.ProtocolError("body", message))
+
+
+def _fail(message: str) -> JSONResponse:
+    return JSONResponse({"success": False, "message": message}, 400)
+
+
+def to_model_names(received: dict, model_cfg, own: set[str]) -> dict:
+    """Received tensors → the model's megatron names (HF names are mapped back; megatron names pass)."""
+    if set(received) <= own:
+        return received
+    if model_cfg is None:
+        raise EngineError("Hugging Face names need the model config (the engine was built without one)", status=400)
+    from gyre_hpc.models.weights import to_megatron
+
+    try:
+        return to_megatron(received, model_cfg)
+    except CheckpointError as exc:
+        raise EngineError(str(exc), status=400) from None
+
+
+def add_weight_routes(app: FastAPI, engine) -> None:
+    """Add the three routes to ``engine.app``; ``engine`` is a ``LocalEngine`` (scheduler ``s``, ``model_cfg``,
+    ``in_weight_update``)."""
+    from gyre_hpc.engines import weight_sync as W
+
+    groups: dict[str, object] = {}
+
+    async def init_weights_update_group(request: Request):
+        g = parse_init_group(await _body(request))
+        if g["group_name"] in groups:
+            return _fail(f"group {g['group_name']!r} exists; destroy it first")
+        try:
+            groups[g["group_name"]] = await asyncio.to_thread(
+                W.open_group, g["address"], g["port"], g["world_size"], g["rank_offset"], g["group_name"], "gloo")
+        except Exception as exc:  # rendezvous timeout, refused connection
+            return _fail(f"Failed to initialize custom process group: {exc}.")
+        return {"success": True, "message": "Succeeded to initialize custom process group."}
+
+    async def destroy_weights_update_group(request: Request):
+        name = _str(P._object(await _body(request)), "group_name", "weight_update_group")
+        pg = groups.pop(name, None)
+        if pg is None:
+            return _fail("The group to be destroyed does not exist.")
+        await asyncio.to_thread(W.close_group, pg)
+        return {"success": True, "message": "Succeeded to destroy custom process group."}
+
+    async def update_weights_from_distributed(request: Request):
+        u = parse_update_distributed(await _body(request))
+        if not engine.in_weight_update:
+            return _fail("update_weights_from_distributed must run between begin_weight_update() and "
+                         "end_weight_update()")
+        if u["group_name"] not in groups:
+            return _fail(f"Group {u['group_name']} not in {list(groups)}. Please call `init_weights_update_group` "
+                         "first.")
+        if u["abort_all"]:
+            engine.s.abort(abort_all=True, message="aborted by update_weights_from_distributed")
+        try:
+            received = await asyncio.to_thread(W.receive, groups[u["group_name"]], u["names"], u["dtypes"],
+                                               u["shapes"])
+        except Exception as exc:  # the sender died or timed out
+            return _fail(f"Failed to receive weights: {exc}")
+        try:
+            state = to_model_names(received, engine.model_cfg, set(engine.s.policy.state()))
+            await engine.s.load_weights(state, u["version"])
+        except EngineError as exc:
+            return _fail(str(exc))
+        engine.pushed = True
+        if u["flush_cache"] and engine.s.busy():
+            return _fail("Weights were updated, but the cache was not flushed because requests are still running "
+                         "or queued. Retract or finish them, then call /flush_cache.")
+        return {"success": True, "message": "Succeeded to update parameter online."}
+
+    app.add_api_route("/init_weights_update_group", init_weights_update_group, methods=["POST"])
+    app.add_api_route("/destroy_weights_update_group", destroy_weights_update_group, methods=["POST"])
+    app.add_api_route("/update_weights_from_distributed", update_weights_from_distributed, methods=["POST"])
