@@ -473,15 +473,17 @@ def _role(cfg, args: argparse.Namespace, run_dir: Path, transport, comm, preempt
 
 def _check_plugin_agent(cfg) -> None:
     """A plugin agent's entries are imported now (errors name the key); its runs talk to the proxy's OpenAI
-    endpoint, whose chat template is the model's tokenizer (model.hf_path or proxy.openai.tokenizer)."""
+    endpoint, whose chat template is the model's tokenizer (model.hf_path, the run's RUN_DIR/model/init, or
+    proxy.openai.tokenizer)."""
     if cfg.agent.kind == "synthetic":
         return
     from gyre_hpc.agents.plugins import load_plugins
 
     load_plugins(cfg.agent, cfg.grader)
-    if cfg.model.hf_path is None and cfg.proxy.openai.tokenizer is None:
+    if cfg.model.hf_path is None and not run_init.wanted(cfg.model) and cfg.proxy.openai.tokenizer is None:
         raise ConfigError(f"agent.kind: {cfg.agent.kind!r} agents speak chat completions; set model.hf_path (a model "
-                          f"made by `gyre model init`) or proxy.openai.tokenizer so the proxy has a chat template")
+                          f"made by `gyre model init`), model.qk_layernorm: true (the run writes a Qwen3 model with a "
+                          f"tokenizer) or proxy.openai.tokenizer so the proxy has a chat template")
 
 
 def _check_placement(cfg) -> None:
