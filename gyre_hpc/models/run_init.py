@@ -14,6 +14,11 @@ and SGLang load the same checkpoint, and ``gyre model check RUN_DIR/model/init``
 Invariants
 - Deterministic: the same model fields and ``run.seed`` give byte-identical files (``init_model``'s invariant).
 - Once per run: an existing directory is reused, never regenerated (a resume continues from the same weights).
+- Made once per machine: ``init_model`` (seconds: it imports torch and transformers) runs into a cache directory
+  (``$XDG_CACHE_HOME/gyre/init-models/<key>``, key = the sha256 of init_model's arguments, the torch, transformers
+  and tokenizers versions and the source of the modules that write the files); a run copies its files from there.
+  The copy is byte-identical to a fresh ``init_model`` (determinism); an unwritable cache falls back to writing
+  RUN_DIR/model/init directly.
 - ``for_run`` is a pure function of (config, whether the directory exists): the launcher, every rank and a resume
   derive the same config, so RUN_DIR/config.yaml and the resume check agree.
 - A model that is not Qwen3-format (``qk_layernorm: false``) or already has ``hf_path`` is left as it is (megatron's
@@ -24,6 +29,10 @@ Invariants
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import os
+import shutil
 from pathlib import Path
 
 from gyre_hpc.config import GyreConfig, ModelConfig
@@ -36,6 +45,29 @@ QWEN3_FIXED = {"position_embedding": "mrope", "normalization": "RMSNorm", "swigl
 
 def init_dir(run_dir: str | Path) -> Path:
     return Path(run_dir).joinpath(*INIT_DIR)
+
+
+def init_args(cfg: GyreConfig) -> dict:
+    """The keyword arguments of ``init_model`` for ``cfg``'s model section and ``run.seed``."""
+    m = cfg.model
+    return dict(hidden=m.hidden, layers=m.layers, heads=m.heads, kv_heads=m.kv_heads or m.heads, vocab=m.vocab_size,
+                context=m.max_seq_len, seed=cfg.run.seed, head_dim=m.head_dim, ffn=m.ffn, tie=m.tie_embeddings,
+                rope_theta=float(m.rotary_base), norm_eps=m.norm_eps)
+
+
+def cache_key(args: dict) -> str:
+    """What the files of ``init_model("qwen3", **args)`` depend on: the arguments, the library versions, the code."""
+    from importlib.metadata import version
+
+    here = Path(__file__).parent
+    source = hashlib.sha256(b"".join((here / f).read_bytes() for f in ("init.py", "chat_template.py"))).hexdigest()
+    spec = {"arch": "qwen3", **args, "source": source,
+            "versions": {lib: version(lib) for lib in ("torch", "transformers", "tokenizers", "safetensors")}}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gyre" / "init-models"
 
 
 def wanted(model: ModelConfig) -> bool:
@@ -65,12 +97,30 @@ def materialise(cfg: GyreConfig, run_dir: str | Path) -> Path | None:
     out = init_dir(run_dir)
     if out.is_dir():
         return out
+    from gyre_hpc.io import atomic_dir
+
+    args = init_args(cfg)
+    try:
+        cached = _cached(args)
+        with atomic_dir(out) as tmp:
+            tmp.chmod(0o755)
+            for f in sorted(cached.iterdir()):
+                shutil.copy2(f, tmp / f.name)
+        return out
+    except OSError:  # no writable cache (or it changed under us): this run's own copy
+        from gyre_hpc.models.init import init_model
+
+        return init_model("qwen3", out, **args)
+
+
+def _cached(args: dict) -> Path:
+    """The cache directory holding ``init_model("qwen3", **args)``'s files, written now if missing."""
     from gyre_hpc.models.init import init_model
 
-    m = cfg.model
-    return init_model("qwen3", out, hidden=m.hidden, layers=m.layers, heads=m.heads, kv_heads=m.kv_heads or m.heads,
-                      vocab=m.vocab_size, context=m.max_seq_len, seed=cfg.run.seed, head_dim=m.head_dim, ffn=m.ffn,
-                      tie=m.tie_embeddings, rope_theta=float(m.rotary_base), norm_eps=m.norm_eps)
+    path = cache_root() / cache_key(args)
+    if not path.is_dir():
+        init_model("qwen3", path, overwrite=True, **args)  # a concurrent writer writes the same bytes
+    return path
 
 
 def for_run(cfg: GyreConfig, run_dir: str | Path) -> GyreConfig:

@@ -16,7 +16,14 @@ TOL = 1e-4  # float32 logits, as `gyre model check`
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
+def cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        yield run_init.cache_root()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, cache):
     torch.set_num_threads(1)
     run = tmp_path_factory.mktemp("run")
     assert run_init.materialise(load_config(CONFIG), run) == run_init.init_dir(run)
@@ -76,3 +83,22 @@ def test_a_second_materialise_reuses_the_directory_untouched(run_dir):
     before = {f.name: (f.stat().st_mtime_ns, f.read_bytes()) for f in path.iterdir()}
     assert run_init.materialise(load_config(CONFIG), run_dir) == path
     assert {f.name: (f.stat().st_mtime_ns, f.read_bytes()) for f in path.iterdir()} == before
+
+
+def test_the_cached_copy_is_what_init_model_writes_and_a_second_run_takes_it_from_the_cache(run_dir, cache,
+                                                                                            tmp_path):
+    from gyre_hpc.models.init import init_model
+
+    cfg = load_config(CONFIG)
+    fresh = init_model("qwen3", tmp_path / "fresh", **run_init.init_args(cfg))
+    first = {f.name: f.read_bytes() for f in run_init.init_dir(run_dir).iterdir()}
+    assert {f.name: f.read_bytes() for f in fresh.iterdir()} == first
+    assert [d.name for d in cache.iterdir()] == [run_init.cache_key(run_init.init_args(cfg))]
+    second = run_init.materialise(cfg, tmp_path / "run2")
+    assert {f.name: f.read_bytes() for f in second.iterdir()} == first
+    assert len(list(cache.iterdir())) == 1  # no second entry: the same key
+
+
+def test_another_seed_is_another_model():
+    a, b = load_config(CONFIG), load_config(CONFIG, ["run.seed=1"])
+    assert run_init.cache_key(run_init.init_args(a)) != run_init.cache_key(run_init.init_args(b))
