@@ -102,3 +102,27 @@ def test_the_cached_copy_is_what_init_model_writes_and_a_second_run_takes_it_fro
 def test_another_seed_is_another_model():
     a, b = load_config(CONFIG), load_config(CONFIG, ["run.seed=1"])
     assert run_init.cache_key(run_init.init_args(a)) != run_init.cache_key(run_init.init_args(b))
+
+
+class BcastDouble:
+    """The data communicator at its boundary: records broadcasts (a real one makes rank 1 wait for rank 0)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def bcast(self, obj, root=0):
+        self.calls += 1
+        return obj
+
+
+def test_ranks_started_without_the_launcher_share_the_one_that_rank_0_writes(run_dir, cache, tmp_path):
+    from jobs.train import _shared_initial_model
+
+    cfg = load_config(CONFIG)
+    comms = [BcastDouble(), BcastDouble()]
+    got = [_shared_initial_model(cfg, tmp_path, comms[rank], rank) for rank in (0, 1)]
+    assert got[0] == got[1] == run_init.for_run(cfg, tmp_path)
+    assert got[0].model.hf_path == str(run_init.init_dir(tmp_path).resolve())
+    assert [c.calls for c in comms] == [1, 1]  # every rank takes the same branch: one broadcast each
+    plain = load_config(CONFIG, ["model.qk_layernorm=false", "model.vocab_size=256"])
+    assert _shared_initial_model(plain, tmp_path / "plain", comms[1], 1) is plain and comms[1].calls == 1
