@@ -116,7 +116,9 @@ class ModelConfig:
         None,
         "A Hugging Face model directory (Qwen2ForCausalLM / Qwen3ForCausalLM: config.json, *.safetensors, "
         "tokenizer files). Its config.json sets the architecture fields below and the trainer and engines load its "
-        "weights; null = the randomly initialised model the fields below describe. `gyre model init` makes one.",
+        "weights; null = the randomly initialised model the fields below describe: with qk_layernorm true "
+        "(Qwen3-format, configs/local.yaml) `gyre train` writes it once as RUN_DIR/model/init and points hf_path "
+        "there (docs/models.md). `gyre model init` makes one.",
     )
 
     vocab_size: int = param(256, "Vocabulary size (token ids must be below it).")
@@ -141,7 +143,8 @@ class ModelConfig:
         "sdpa = torch scaled_dot_product_attention (fused kernel, same function, same tree masks).",
     )
     head_dim: int | None = param(None, "Channels per attention head (megatron kv_channels); null = hidden / heads.")
-    qk_layernorm: bool = param(False, "RMSNorm over each head's queries and keys (Qwen3).")
+    qk_layernorm: bool = param(False, "RMSNorm over each head's queries and keys (Qwen3); with hf_path null it makes "
+                                      "the model Qwen3-format: its initial weights become a Qwen3 directory of the run")
     qkv_bias: bool = param(False, "Biases on the query/key/value projection (Qwen2).")
     norm_eps: float = param(1e-5, "Epsilon of every normalization layer (Qwen: 1e-6).")
 
@@ -255,7 +258,8 @@ class EngineConfig:
     default_max_new_tokens: int = param(128, "max_new_tokens when a request does not give it (SGLang's default).")
     eos_token_id: int | None = param(None, "End-of-sequence token (ends a request unless ignore_eos); null = none.")
     initial_weight_version: str = param("0", "weight_version before the first update (model_path: its meta.json wins).")
-    model_path: str | None = param(None, "Weights directory loaded at start (trainer export); null = init from run.seed.")
+    model_path: str | None = param(None, "Weights directory loaded at start (local: trainer export; sglang: an HF "
+                                         "directory); null = the model's (sglang: model.hf_path, RUN_DIR/model/init)")
     torch_threads: int = param(1, "torch intra-op threads of one local engine process.")
     startup_timeout_s: float = param(180.0, "Seconds launch waits for /health before giving up.")
     request_timeout_s: float = param(600.0, "Client read timeout for one engine call, in seconds.")

@@ -36,6 +36,7 @@ import yaml
 from gyre_hpc.config import load_config, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
 from gyre_hpc.io import atomic_write_json, atomic_write_text, make_run_dir
+from gyre_hpc.models import run_init
 from gyre_hpc.resume import PREEMPTED_EXIT
 from gyre_hpc.slurm.sbatch import LOCAL_EXPORTS, SINGLE_HOST_EXPORTS
 from jobs import add_overrides
@@ -82,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     preemption = _early_preemption(rank) if live else None  # before the config, heavy imports and MPI_Init
     cfg = load_config(args.config, args.overrides)  # fails here, before any process starts
     _check_plugin_agent(cfg)
+    if run_init.wanted(cfg.model):
+        run_init.check_qwen3(cfg.model)
     if getattr(args, "dry_run", False):
         return _dry_run(cfg, args)
     if args.sync:
@@ -92,11 +95,13 @@ def run(args: argparse.Namespace) -> int:
 
     validate(cfg.scheduler.policy, cfg.scheduler, cfg.cluster.cells)
     if getattr(args, "resume", None):
+        cfg = run_init.for_run(cfg, Path(args.resume))  # the run's own initial model, never a new one
         run_dir = _resumable(cfg, Path(args.resume))
         if run_dir is None:
             return 0
     else:
         run_dir = make_run_dir(cfg.run.out_dir, cfg.run.name)
+        cfg = _initial_model(cfg, run_dir)
         try:
             atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
         except OSError as exc:
@@ -125,6 +130,27 @@ def run(args: argparse.Namespace) -> int:
     if summary.get("error"):
         raise GyreError(f"{summary['error']}; see {summary_path} and events.jsonl")
     return 0 if code == 0 else code
+
+
+def _initial_model(cfg, run_dir: Path):
+    """A Qwen3-format model without model.hf_path: RUN_DIR/model/init written once (gyre_hpc.models.run_init),
+    before any rank starts; the config then points model.hf_path (and an sglang engine.model_path) there."""
+    if run_init.wanted(cfg.model) and not run_init.init_dir(run_dir).is_dir():
+        print(f"gyre train: writing the initial model to {run_init.init_dir(run_dir)}", file=sys.stderr)
+        run_init.materialise(cfg, run_dir)
+    return run_init.for_run(cfg, run_dir)
+
+
+def _shared_initial_model(cfg, run_dir: Path, comm, rank: int):
+    """Ranks started without the launcher (srun, submitit) on a new run: rank 0 writes RUN_DIR/model/init (if the
+    launcher has not), the others wait for it (a broadcast), then every rank derives the same config. ``cfg`` is
+    the config as loaded, alike on every rank, so every rank takes the same branch."""
+    if not run_init.wanted(cfg.model):
+        return cfg
+    if rank == 0:
+        run_init.materialise(cfg, run_dir)
+    comm.bcast(None, root=0)
+    return run_init.for_run(cfg, run_dir)
 
 
 def _early_preemption(rank: bool):
@@ -363,6 +389,7 @@ def _rank(cfg, args: argparse.Namespace, preemption=None) -> int:
 
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    loaded, cfg = cfg, run_init.for_run(cfg, run_dir)  # the initial model the launcher (or rank 0 below) wrote
     if os.environ.get(LAUNCHED_ENV):
         preemption.watch(run_dir / REQUEST_FILE)
     _check_placement(cfg)
@@ -379,6 +406,7 @@ def _rank(cfg, args: argparse.Namespace, preemption=None) -> int:
 
     with _abort_world_on_error(transport.rank, run_dir):
         share_job_secret(comm, run_dir)  # every listener of the job requires it (gyre_hpc/auth.py)
+        cfg = _shared_initial_model(loaded, run_dir, comm, transport.rank)
         try:
             return _role(cfg, args, run_dir, transport, comm, preemption)
         finally:
@@ -463,15 +491,17 @@ def _role(cfg, args: argparse.Namespace, run_dir: Path, transport, comm, preempt
 
 def _check_plugin_agent(cfg) -> None:
     """A plugin agent's entries are imported now (errors name the key); its runs talk to the proxy's OpenAI
-    endpoint, whose chat template is the model's tokenizer (model.hf_path or proxy.openai.tokenizer)."""
+    endpoint, whose chat template is the model's tokenizer (model.hf_path, the run's RUN_DIR/model/init, or
+    proxy.openai.tokenizer)."""
     if cfg.agent.kind == "synthetic":
         return
     from gyre_hpc.agents.plugins import load_plugins
 
     load_plugins(cfg.agent, cfg.grader)
-    if cfg.model.hf_path is None and cfg.proxy.openai.tokenizer is None:
+    if cfg.model.hf_path is None and not run_init.wanted(cfg.model) and cfg.proxy.openai.tokenizer is None:
         raise ConfigError(f"agent.kind: {cfg.agent.kind!r} agents speak chat completions; set model.hf_path (a model "
-                          f"made by `gyre model init`) or proxy.openai.tokenizer so the proxy has a chat template")
+                          f"made by `gyre model init`), model.qk_layernorm: true (the run writes a Qwen3 model with a "
+                          f"tokenizer) or proxy.openai.tokenizer so the proxy has a chat template")
 
 
 def _check_placement(cfg) -> None:
@@ -517,6 +547,7 @@ def _sync(cfg, args: argparse.Namespace) -> int:
     from gyre_hpc.train import agreement
 
     run_dir = make_run_dir(cfg.run.out_dir, cfg.run.name)
+    cfg = _initial_model(cfg, run_dir)
     atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
     bar = tqdm(total=cfg.allocator.steps, desc="train", unit="step", file=sys.stderr, disable=None)
     t0 = time.perf_counter()

@@ -79,13 +79,14 @@ def train_tokenizer(vocab: int, seed: int):
 
 
 def hf_config(arch: str, vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, context: int,
-              head_dim: int | None, ffn: int | None, tie: bool, ids: dict[str, int]):
-    """transformers' config object for the model (float32, RoPE theta 1e6 as Qwen's)."""
+              head_dim: int | None, ffn: int | None, tie: bool, ids: dict[str, int], rope_theta: float = 1e6,
+              norm_eps: float = 1e-6):
+    """transformers' config object for the model (float32; RoPE theta 1e6 and RMSNorm eps 1e-6 as Qwen's)."""
     from transformers import AutoConfig
 
     kw = dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
               num_key_value_heads=kv_heads, intermediate_size=ffn or 4 * hidden, max_position_embeddings=context,
-              rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6,
+              rope_parameters={"rope_type": "default", "rope_theta": float(rope_theta)}, rms_norm_eps=norm_eps,
               tie_word_embeddings=tie, hidden_act="silu", bos_token_id=ids["<|endoftext|>"],
               eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"], dtype="float32")
     if arch == "Qwen3ForCausalLM":
@@ -99,7 +100,8 @@ def hf_config(arch: str, vocab: int, hidden: int, layers: int, heads: int, kv_he
 
 def init_model(arch: str, out: str | Path, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
                vocab: int = 1024, context: int = 4096, seed: int = 0, head_dim: int | None = None,
-               ffn: int | None = None, tie: bool = False, overwrite: bool = False) -> Path:
+               ffn: int | None = None, tie: bool = False, overwrite: bool = False, rope_theta: float = 1e6,
+               norm_eps: float = 1e-6) -> Path:
     """Write a random ``arch`` ('qwen2' | 'qwen3') model with a trained tokenizer to ``out``; returns ``out``."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
@@ -117,7 +119,8 @@ def init_model(arch: str, out: str | Path, hidden: int = 64, layers: int = 2, he
                                   pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE,
                                   model_max_length=context, clean_up_tokenization_spaces=False)
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL}
-    cfg = hf_config(ARCH_BY_NAME[arch], vocab, hidden, layers, heads, kv_heads, context, head_dim, ffn, tie, ids)
+    cfg = hf_config(ARCH_BY_NAME[arch], vocab, hidden, layers, heads, kv_heads, context, head_dim, ffn, tie, ids,
+                    rope_theta, norm_eps)
     gen = GenerationConfig(bos_token_id=ids["<|endoftext|>"], pad_token_id=ids["<|endoftext|>"],
                            eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]])
     hf_logging.disable_progress_bar()
