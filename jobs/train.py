@@ -158,10 +158,12 @@ def _failed(cfg, run_dir: Path, code: int) -> int:
     except GyreError:
         events = []
     errors = sorted((run_dir / "errors").glob("rank*.txt")) if (run_dir / "errors").is_dir() else []
+    detail: list[str] = []
     if events and events[-1]["event"] == "error":
         kind, why = "error", events[-1].get("error", "")
     elif errors:
         kind, why = "error", f"{errors[0].stem}: {errors[0].read_text().strip().splitlines()[0][:300]}"
+        detail = errors[0].read_text().strip().splitlines()[1:]  # e.g. the tail of an engine's log
     else:
         kind, why = "rank_lost", f"a rank ended without finishing its role (mpirun exit {code})"
     if not events or events[-1]["event"] != "error":
@@ -172,6 +174,8 @@ def _failed(cfg, run_dir: Path, code: int) -> int:
                 f.write(json.dumps(rec) + "\n")
     print(f"gyre train: {kind}: {why}; the live run ended (mpirun exit {code}) without a summary; see {run_dir} "
           f"(events.jsonl, cells/, proxy.log, mpirun.log)", file=sys.stderr)
+    if detail:
+        print("\n".join("  " + line for line in detail[-20:]), file=sys.stderr)
     return RANK_LOST_EXIT if kind == "rank_lost" else ERROR_EXIT
 
 

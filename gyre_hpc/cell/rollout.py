@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from gyre_hpc.cell import store
+from gyre_hpc.cell.engine_weights import engine_model_dir
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import EngineError
 
@@ -64,9 +65,11 @@ class RolloutSide:
         t0 = time.perf_counter()
         latest = store.read_latest(self.run_dir)
         engine = self.cfg.engine
+        path = engine_model_dir(self.cfg, latest)  # the format engine.kind loads (cell.engine_weights)
+        if path is not None:
+            engine = dataclasses.replace(engine, model_path=path)
         if latest is not None:
-            engine = dataclasses.replace(engine, model_path=latest["path"],
-                                         initial_weight_version=str(latest["version"]))
+            engine = dataclasses.replace(engine, initial_weight_version=str(latest["version"]))
         self.starts += 1
         logs = self.run_dir / "cells" / f"cell{self.cell}"
         self.handle = start_engine_on_free_port(engine, self.cfg.model, seed=self.cfg.run.seed,
@@ -105,8 +108,9 @@ class RolloutSide:
         latest = store.read_latest(self.run_dir)
         if self.client is None or latest is None or latest["version"] <= self.version:
             return False
-        try:
-            self.client.update_weights_from_disk(latest["path"], str(latest["version"]))
+        try:  # the disk road, in this one place; the version tag never aborts requests in flight
+            self.client.update_weights_from_disk(engine_model_dir(self.cfg, latest), str(latest["version"]),
+                                                 abort_all_requests=False)
         except EngineError:
             if self.alive():
                 raise
@@ -117,6 +121,15 @@ class RolloutSide:
 
     def alive(self) -> bool:
         return self.handle is not None and self.handle.alive()
+
+    def served_version(self) -> str | None:
+        """The weight_version the engine's ``/model_info`` shows now (asleep or not); None without a live engine."""
+        if not self.alive() or self.client is None:
+            return None
+        try:
+            return self.client.weight_version()
+        except EngineError:
+            return None
 
     def dead(self) -> bool:
         """True when the cell has an engine whose process exited without being stopped."""

@@ -77,6 +77,7 @@ class CellRunner:
         self.preempted = False
         self._carry_stats()
         self.failed = ""  # why the cell gave up (CellFailed sent): it ends without Bye
+        self.final_version: str | None = None  # the engine's /model_info weight_version when the cell ended
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict:
@@ -112,6 +113,7 @@ class CellRunner:
                 while time.monotonic() < deadline:
                     if dp.poll(self.comm, dp.GRADS) is None:
                         time.sleep(0.01)
+            self.final_version = self.rollout.served_version()  # /model_info at the end (summary)
             self.rollout.stop()
             stats = self._stats()
             if self.trainer is not None:
@@ -293,6 +295,7 @@ class CellRunner:
                  "pull_retries": self.earlier.get("pull_retries", []) + getattr(self.trainer, "pull_retries", []),
                  "engine_starts": self.rollout.starts, "engine_wakes": self.rollout.wakes,
                  "weight_updates": self.rollout.updates,
+                 "engine_weight_version": self.final_version,
                  "engine_deaths": self.rollout.deaths, "failed": self.failed,
                  "grads_dropped": self.trainer.ledger.dropped if self.is_core else [],
                  "version": getattr(self.trainer, "version", None),
