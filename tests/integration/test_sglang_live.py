@@ -1,0 +1,87 @@
+"""``gyre train configs/local_sglang.yaml``: the live runtime (mpirun, 1 + 3 ranks) with a real SGLang server per
+rollout cell on the CPU. Two steps with the core switching to training and back for each, weights reaching the
+servers as HF directories by ``/update_weights_from_disk`` (the version ``/model_info`` shows at the end), per-token
+versions from SGLang's ``weight_versions`` spans, and no run lost. A server that cannot start fails the job before
+training with a message that names the cell and shows the tail of the server's log.
+
+The model is made once per module by ``gyre model init`` (what the config's setup step does) in a temporary
+directory, and given to the job as ``model.hf_path``.
+"""
+import json
+import shutil
+
+import pytest
+
+from gyre_hpc.allocator.eventlog import read_events
+from live_run import run_live
+from slurm_cluster import mpirun  # noqa: F401  (fixture)
+
+pytestmark = [pytest.mark.sglang, pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow,
+              pytest.mark.serial]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from gyre_hpc.models.init import init_model
+
+    return init_model("qwen3", tmp_path_factory.mktemp("model") / "tiny-qwen3")
+
+
+@pytest.fixture(scope="module")
+def sglang_run(mpirun, model_dir, tmp_path_factory):
+    return run_live(tmp_path_factory.mktemp("sglang"), [f"model.hf_path={model_dir}", "allocator.hello_timeout_s=300"],
+                    config="local_sglang.yaml")
+
+
+def test_a_live_job_on_sglang_trains_two_steps_switching_each_way_and_loses_no_run(sglang_run):
+    summary, run_dir, _ = sglang_run
+    assert summary["engine_kind"] == "sglang" and summary["steps"] == 2
+    assert summary["switches_r2t"] >= 1 and summary["switches_t2r"] >= 1
+    assert summary["runs_lost"] == 0 and summary["groups_lost"] == 0
+    assert summary["runs_finished"] >= 2 * 4 and summary["runs_scored"] == summary["runs_finished"]
+    assert summary["engine_deaths"] == 0
+    logs = sorted(run_dir.glob("cells/cell*/engine-*.log"))
+    assert logs and all("sglang" in p.read_text(errors="replace").lower() for p in logs)  # SGLang's own logs
+
+
+def test_the_servers_show_the_loaded_weight_version_at_the_end(sglang_run):
+    summary, run_dir, _ = sglang_run
+    versions = summary["engine_weight_versions"]
+    assert versions, summary  # at least one cell ended with a live server
+    assert max(int(v) for v in versions.values()) >= 1  # a weight update reached it
+    cells = [json.loads(p.read_text()) for p in sorted((run_dir / "cells").glob("cell*.json"))]
+    assert sum(c["weight_updates"] for c in cells) >= 1
+    assert sorted(run_dir.glob("weights/v*/hf/model.safetensors"))  # the HF form SGLang loaded
+
+
+def test_trained_tokens_carry_the_versions_of_sglang_spans(sglang_run):
+    summary, run_dir, _ = sglang_run
+    steps = [e for e in read_events(run_dir / "events.jsonl") if e["event"] == "step"]
+    assert steps and all(s["staleness_max"] >= 0 for s in steps)
+    assert 0 <= summary["staleness_mean"] <= summary["staleness_max"] <= 2
+
+
+def test_a_server_that_cannot_start_fails_the_job_naming_the_cell_with_its_log_tail(mpirun, model_dir, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    (broken / "model.safetensors").unlink()
+    proc = _run_failing(tmp_path, [f"model.hf_path={model_dir}", f"engine.model_path={broken}"])
+    assert proc.returncode != 0
+    err = proc.stderr
+    line = next(ln for ln in err.splitlines() if ln.startswith("gyre train: error:"))
+    assert "(sglang on cpu)" in line and "exited with" in line and "before it was ready" in line
+    assert "Cannot find any model weights" in err  # the server log's tail, under the one line
+    run_dir = next(tmp_path.glob("out/local_sglang-*"))
+    assert not (run_dir / "summary.json").exists()
+    assert not [e for e in read_events(run_dir / "events.jsonl") if e["event"] == "step"]
+
+
+def _run_failing(tmp_path, overrides: list[str]):
+    import subprocess
+    import sys
+
+    from live_run import ROOT, TIMEOUT_S, launcher_env
+
+    cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(ROOT / "configs" / "local_sglang.yaml"), "--json",
+           "--set", f"run.out_dir={tmp_path / 'out'}"] + [a for o in overrides for a in ("--set", o)]
+    return subprocess.run(cmd, capture_output=True, text=True, env=launcher_env(), cwd=ROOT, timeout=TIMEOUT_S)
