@@ -3,8 +3,9 @@
 ``start()`` launches the cell's engine (``engines.launch.start_engine``) from the newest published weights
 (``LATEST.json``; before the first step: the seed's initial weights, which equal the trainer's version 0) and
 registers it with the proxy under a fresh name. ``refresh()`` loads a newer version into the running engine
-(``/update_weights_from_disk``; requests in flight continue, their tokens after the load carry the new
-version). ``leave()`` asks the proxy to drain the cell — its calls move to other engines without the harness
+(``/update_weights_from_disk`` with ``abort_all_requests`` false; requests in flight continue, their tokens after
+the load carry the new version). Both load the directory ``cell.engine_weights.engine_model_dir`` names for the
+engine's kind: the published weights directory (local engine) or its Hugging Face form (SGLang). ``leave()`` asks the proxy to drain the cell — its calls move to other engines without the harness
 seeing an error — removes it, then stops the engine by PID, or with ``engine.sleep_in_training`` puts it to
 sleep (``/release_memory_occupation``: the process stays, its memory goes); ``start()`` then wakes it
 (``/resume_memory_occupation``), loads the newest weights and registers it again under a fresh name — no
@@ -124,10 +125,11 @@ class RolloutSide:
 
     def served_version(self) -> str | None:
         """The weight_version the engine's ``/model_info`` shows now (asleep or not); None without a live engine."""
-        if not self.alive() or self.client is None:
+        if not self.alive():
             return None
-        try:
-            return self.client.weight_version()
+        try:  # a short timeout: a hung engine must not hold up the cell's shutdown
+            with self.handle.client(timeout=10.0, connect_retries=0) as client:
+                return client.weight_version()
         except EngineError:
             return None
 
