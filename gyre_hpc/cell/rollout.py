@@ -6,8 +6,9 @@ registers it with the proxy under a fresh name. ``refresh()`` loads a newer vers
 (``/update_weights_from_disk`` with ``abort_all_requests`` false; requests in flight continue, their tokens after
 the load carry the new version). Both load the directory ``cell.engine_weights.engine_model_dir`` names for the
 engine's kind: the published weights directory (local engine) or its Hugging Face form (SGLang). ``leave()``
-asks the proxy to drain the cell — its calls move to other engines without the harness seeing an error — removes it, then stops the engine by PID, or with ``engine.sleep_in_training`` puts it to
-sleep (``/release_memory_occupation``: the process stays, its memory goes); ``start()`` then wakes it
+asks the proxy to drain the cell — its calls move to other engines without the harness seeing an error —,
+removes it, then stops the engine by PID, or with ``engine.sleep_in_training`` puts it to sleep
+(``/release_memory_occupation``: the process stays, its memory goes; on CPU SGLang keeps it); ``start()`` then wakes it
 (``/resume_memory_occupation``), loads the newest weights and registers it again under a fresh name — no
 process start.
 
