@@ -43,7 +43,10 @@ def test_a_live_job_on_sglang_trains_two_steps_switching_each_way_and_loses_no_r
     assert summary["engine_kind"] == "sglang" and summary["steps"] == 2
     assert summary["switches_r2t"] >= 1 and summary["switches_t2r"] >= 1
     assert summary["runs_lost"] == 0 and summary["groups_lost"] == 0
-    assert summary["runs_finished"] >= 2 * 4 and summary["runs_scored"] == summary["runs_finished"]
+    # every run of every trained group (2 steps x batch_groups 2 x 4 runs) was scored; runs still out at the stop
+    # may count as finished without a score (groups_cut_at_stop)
+    assert summary["runs_scored"] >= 2 * 2 * 4 and summary["runs_finished"] >= summary["runs_scored"]
+    assert summary["run_statuses"].get("scored") == summary["runs_scored"]
     assert summary["engine_deaths"] == 0
     logs = sorted(run_dir.glob("cells/cell*/engine-*.log"))
     assert logs and all("sglang" in p.read_text(errors="replace").lower() for p in logs)  # SGLang's own logs
