@@ -110,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
             resume.save_empty(run_dir)
         return _preempted(args, run_dir)
     code = launch(args, cfg.cluster.cells, run_dir, preemption)
+    _stop_left_behind(run_dir)
     if code == PREEMPTED_EXIT:
         return _preempted(args, run_dir)
     summary_path = run_dir / "summary.json"
@@ -123,6 +124,16 @@ def run(args: argparse.Namespace) -> int:
     if summary.get("error"):
         raise GyreError(f"{summary['error']}; see {summary_path} and events.jsonl")
     return 0 if code == 0 else code
+
+
+def _stop_left_behind(run_dir: Path) -> None:
+    """SIGKILL engine processes that outlived their rank (engines.leftovers: an SGLang detokenizer whose server was
+    killed while starting, when another rank failed); says so on stderr."""
+    from gyre_hpc.engines.leftovers import kill_left_behind
+
+    if killed := kill_left_behind(run_dir):
+        print(f"gyre train: stopped {len(killed)} engine process(es) left behind by the ranks (PIDs "
+              f"{', '.join(map(str, killed))})", file=sys.stderr)
 
 
 def _early_preemption(rank: bool):
