@@ -41,7 +41,11 @@ class Grant:
 
 
 def new_secret() -> str:
-    return secrets.token_urlsafe(32)
+    """A random URL-safe token that never starts with '-': SGLang expands its --config file into command-line
+    arguments, and argparse takes ``--api-key -Qx...`` for a missing value (a live run failed so, 1 in 64 odds)."""
+    while (secret := secrets.token_urlsafe(32)).startswith("-"):
+        pass
+    return secret
 
 
 def job_secret(environ: MutableMapping[str, str] | None = None) -> str | None:

@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     events_path = run_dir / cfg.allocator.events_file
     before = len(events_path.read_bytes().splitlines()) if events_path.is_file() else 0
     code = launch(args, cfg.cluster.cells, run_dir, preemption)
+    _stop_left_behind(run_dir)
     if code == PREEMPTED_EXIT:
         return _preempted(args, run_dir)
     summary_path = run_dir / "summary.json"
@@ -153,6 +154,16 @@ def _shared_initial_model(cfg, run_dir: Path, comm, rank: int):
     return run_init.for_run(cfg, run_dir)
 
 
+def _stop_left_behind(run_dir: Path) -> None:
+    """SIGKILL engine processes that outlived their rank (engines.leftovers: an SGLang detokenizer whose server was
+    killed while starting, when another rank failed); says so on stderr."""
+    from gyre_hpc.engines.leftovers import kill_left_behind
+
+    if killed := kill_left_behind(run_dir):
+        print(f"gyre train: stopped {len(killed)} engine process(es) left behind by the ranks (PIDs "
+              f"{', '.join(map(str, killed))})", file=sys.stderr)
+
+
 def _early_preemption(rank: bool):
     """Catch the preemption signals from the first moment. A rank under SLURM (srun, scancel signal the step)
     notes them (runtime.preempt.Preemption); a rank ``gyre train`` launched leaves them their default action
@@ -187,10 +198,12 @@ def _failed(cfg, run_dir: Path, code: int, before: int = 0) -> int:
     except GyreError:
         events = []
     errors = sorted((run_dir / "errors").glob("rank*.txt")) if (run_dir / "errors").is_dir() else []
+    detail: list[str] = []
     if events and events[-1]["event"] == "error":
         kind, why = "error", events[-1].get("error", "")
     elif errors:
         kind, why = "error", f"{errors[0].stem}: {errors[0].read_text().strip().splitlines()[0][:300]}"
+        detail = errors[0].read_text().strip().splitlines()[1:]  # e.g. the tail of an engine's log
     else:
         kind, why = "rank_lost", f"a rank ended without finishing its role (mpirun exit {code})"
     saved = next((e["resume"] for e in events[before:] if e["event"] == "lost_rank_saved"), None)
@@ -205,6 +218,8 @@ def _failed(cfg, run_dir: Path, code: int, before: int = 0) -> int:
     if saved is not None:
         print(f"gyre train: rank 0 saved the resume state {saved}; continue with\n"
               f"  gyre train CONFIG --resume {run_dir}", file=sys.stderr)
+    if detail:
+        print("\n".join("  " + line for line in detail[-20:]), file=sys.stderr)
     return RANK_LOST_EXIT if kind == "rank_lost" else ERROR_EXIT
 
 

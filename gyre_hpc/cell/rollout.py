@@ -10,7 +10,7 @@ and SGLang); requests in flight continue, their tokens after the load carry the 
 the disk only for its initial weights when it starts or wakes (then the newest version is pushed again).
 ``leave()`` asks the proxy to drain the cell — its calls move to other engines without the harness seeing an
 error — removes it, then stops the engine by PID, or with ``engine.sleep_in_training`` puts it to
-sleep (``/release_memory_occupation``: the process stays, its memory goes); ``start()`` then wakes it
+sleep (``/release_memory_occupation``: the process stays, its memory goes; on CPU SGLang keeps it); ``start()`` then wakes it
 (``/resume_memory_occupation``), loads the newest weights and registers it again under a fresh name — no
 process start.
 
@@ -31,11 +31,13 @@ Invariants (tests/integration/test_live_training.py)
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
 from gyre_hpc.cell import store
 from gyre_hpc.clock import wait_until
+from gyre_hpc.cell.engine_weights import start_model_dir
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import EngineError, TransferError
 
@@ -73,7 +75,8 @@ class RolloutSide:
         if self.asleep:
             return self._wake()
         t0 = time.perf_counter()
-        engine = self.cfg.engine  # its initial weights (the seed's, or model.hf_path's: version 0): no weights dir
+        # its initial weights (the seed's, or model.hf_path's: version 0); SGLang serves an HF directory
+        engine = dataclasses.replace(self.cfg.engine, model_path=start_model_dir(self.cfg))
         self.starts += 1
         logs = self.run_dir / "cells" / f"cell{self.cell}"
         self.handle = start_engine_on_free_port(engine, self.cfg.model, seed=self.cfg.run.seed,
@@ -181,6 +184,16 @@ class RolloutSide:
 
     def alive(self) -> bool:
         return self.handle is not None and self.handle.alive()
+
+    def served_version(self) -> str | None:
+        """The weight_version the engine's ``/model_info`` shows now (asleep or not); None without a live engine."""
+        if not self.alive():
+            return None
+        try:  # a short timeout: a hung engine must not hold up the cell's shutdown
+            with self.handle.client(timeout=10.0, connect_retries=0) as client:
+                return client.weight_version()
+        except EngineError:
+            return None
 
     def dead(self) -> bool:
         """True when the cell has an engine whose process exited without being stopped."""

@@ -80,6 +80,7 @@ class CellRunner:
         self.preempted = False
         self._carry_stats()
         self.failed = ""  # why the cell gave up (CellFailed sent): it ends without Bye
+        self.final_version: str | None = None  # the engine's /model_info weight_version when the cell ended
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict:
@@ -112,6 +113,7 @@ class CellRunner:
         finally:
             if self.is_core:  # take what satellites still send, so none of them waits on the core
                 wait_until(lambda: False, 1.0, poll_s=0.01, idle=self._drop_grads)  # one second of draining
+            self.final_version = self.rollout.served_version()  # /model_info at the end (summary)
             self.rollout.close()
             stats = self._stats()
             if self.trainer is not None:
@@ -302,6 +304,7 @@ class CellRunner:
                  "engine_starts": self.rollout.starts, "engine_wakes": self.rollout.wakes,
                  "weight_updates": self.rollout.updates, "weight_syncs": self.rollout.syncs,
                  "weight_sync_errors": self.rollout.pull_errors,
+                 "engine_weight_version": self.final_version,
                  "engine_deaths": self.rollout.deaths, "failed": self.failed,
                  "grads_dropped": self.trainer.ledger.dropped if self.is_core else [],
                  "grad_pulls": self.trainer.grad_pulls() if self.is_core else None,

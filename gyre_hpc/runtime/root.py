@@ -364,6 +364,9 @@ def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollou
         "prefix_hit_rate": (round(proxy["cached_tokens"] / proxy["prompt_tokens"], 4)
                             if proxy.get("prompt_tokens") else None),  # engines' cached_tokens / prompt tokens
         "engine_deaths": events.count("engine_died"), "engine_restarts": events.count("engine_restarted"),
+        "engine_kind": cfg.engine.kind,  # each live engine's /model_info weight_version when its cell ended
+        "engine_weight_versions": {f"cell{c['cell']}": c["engine_weight_version"] for c in cells
+                                   if c.get("engine_weight_version") is not None},
         "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
         "staleness_mean": (sum(s["staleness_mean"] * s["lag_tokens"] for s in steps) / lag_tokens
                            if lag_tokens else 0.0),

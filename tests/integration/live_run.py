@@ -20,20 +20,21 @@ def launcher_env() -> dict[str, str]:
     return env
 
 
-def run_live(out: Path, overrides: list[str], returncode: int = 0) -> tuple[dict, Path, str]:
-    """(summary, run directory, stderr) of a live run under ``out`` that exits with ``returncode``; on a timeout the
-    test fails with the ranks' stacks."""
+def run_live(out: Path, overrides: list[str], returncode: int = 0,
+             config: str = "local.yaml", timeout_s: float = TIMEOUT_S) -> tuple[dict, Path, str]:
+    """(summary, run directory, stderr) of a live run of ``configs/<config>`` under ``out`` that exits with
+    ``returncode``; on a timeout the test fails with the ranks' stacks."""
     env = launcher_env()
-    cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(ROOT / "configs" / "local.yaml"), "--json",
+    cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(ROOT / "configs" / config), "--json",
            "--set", f"run.out_dir={out}"] + [a for o in overrides for a in ("--set", o)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:
-        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
+        stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.terminate()  # gyre train dumps every rank's stacks to RUN_DIR/traces/ and ends mpirun's session
         stdout, stderr = proc.communicate(timeout=60)
         traces = "".join(p.read_text()[-3000:] for p in out.glob("*/traces/*.txt"))
-        pytest.fail(f"the live run did not finish in {TIMEOUT_S} s; stacks of its ranks:\n{traces}\n{stderr[-3000:]}")
+        pytest.fail(f"the live run did not finish in {timeout_s} s; stacks of its ranks:\n{traces}\n{stderr[-3000:]}")
     assert proc.returncode == returncode, stderr[-4000:]
     summary = json.loads(stdout.strip().splitlines()[-1])
     return summary, Path(summary["run_dir"]), stderr
