@@ -60,7 +60,12 @@ def main() -> int:
     args = ap.parse_args()
     dirs = [Path(d) for d in args.run_dirs] if args.run_dirs else [
         live_run(p, args.steps, Path(args.out), args.extra) for _ in range(args.repeats) for p in args.policies]
-    results = [replay(d) for d in dirs]
+    results, failed = [], []
+    for d in dirs:
+        try:
+            results.append(replay(d))
+        except subprocess.CalledProcessError as exc:  # e.g. a run interrupted before its first step
+            failed.append(f"{d.name}: {(exc.stderr or '').strip().splitlines()[-1:] or exc.returncode}")
     print("| policy | run | measured wall s | predicted wall s | error | measured span s | predicted span s "
           "| span error | what-if spans s |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -68,7 +73,36 @@ def main() -> int:
         print(row(r))
     errs = [abs(r["sim_span_error_pct"]) for r in results]
     print(f"\nmedian |span error| {statistics.median(errs):.1f}% over {len(errs)} runs")
+    print("\n" + "\n".join(distribution(results)))
+    for f in failed:
+        print(f"not replayed: {f}")
     return 0
+
+
+def _q(xs: list[float], q: float) -> float:
+    """The q-quantile of ``xs`` by linear interpolation (numpy's default), without numpy."""
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    lo = int(k)
+    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (k - lo)
+
+
+def distribution(results: list[dict]) -> list[str]:
+    """Markdown table of the wall and span errors' distribution: per policy and over all runs (issue 13)."""
+    lines = ["| runs | n | wall error median (signed) | abs wall error median / p90 / max | "
+             "span error median (signed) | abs span error median / p90 / max |", "|---|---|---|---|---|---|"]
+    groups = {"all": results, **{p: [r for r in results if r["policy"] == p]
+                                 for p in sorted({r["policy"] for r in results})}}
+    for name, rs in groups.items():
+        if not rs:
+            continue
+        w = [r["sim_error_pct"] for r in rs]
+        s = [r["sim_span_error_pct"] for r in rs]
+        aw, as_ = [abs(x) for x in w], [abs(x) for x in s]
+        lines.append(f"| {name} | {len(rs)} | {statistics.median(w):+.1f}% | {statistics.median(aw):.1f} / "
+                     f"{_q(aw, 0.9):.1f} / {max(aw):.1f}% | {statistics.median(s):+.1f}% | "
+                     f"{statistics.median(as_):.1f} / {_q(as_, 0.9):.1f} / {max(as_):.1f}% |")
+    return lines
 
 
 if __name__ == "__main__":
