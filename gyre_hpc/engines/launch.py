@@ -16,7 +16,8 @@ Invariants
   trainer process it still forms its own one-process world.
 - ``start_engine_on_free_port`` retries on another free port only when the engine could not bind its port
   (another process took it between ``free_port`` and the bind) or a signal killed it while it started
-  (``KILLED_STARTING``: a dead engine is restarted, tests/integration/test_engine_start_retry.py); any other
+  (``KILLED_STARTING``, local engine only: SGLang SIGKILLs itself on a failed start; a dead engine is restarted,
+  tests/integration/test_engine_start_retry.py); any other
   failure raises at once. A failed bind
   is read from the log (``PORT_TAKEN``) and fails the start at once, also when the process does not exit.
 - An engine that cannot start raises ``EngineError`` naming it (``name``, e.g. the cell, and its kind) with the tail
@@ -223,13 +224,16 @@ def start_engine_on_free_port(engine_cfg: EngineConfig, model_cfg: ModelConfig, 
                               log_path: str | Path | None = None, tries: int = 3, name: str = "engine") -> EngineHandle:
     """``start_engine`` on a port that ``free_port`` found free. On a shared machine another process can bind it
     before the engine does (seen in live runs); then the engine exits and another port is tried, ``tries`` times.
-    An engine a signal killed while it started is started again the same way (``KILLED_STARTING``)."""
+    A local engine a signal killed while it started is started again the same way (``KILLED_STARTING``); SGLang
+    SIGKILLs its own process tree when its start fails (a bad model path), so that is not retried."""
     for attempt in range(1, tries + 1):
         try:
             return start_engine(engine_cfg, model_cfg, seed, port=free_port(engine_cfg.host), log_path=log_path,
                                 name=name)
         except EngineError as exc:
-            if (PORT_TAKEN not in str(exc) and KILLED_STARTING not in str(exc)) or attempt == tries:
+            # SGLang ends a failed start by SIGKILLing its own process tree: a signal is a retry for the local engine only
+            killed = KILLED_STARTING in str(exc) and engine_cfg.kind == "local"
+            if (PORT_TAKEN not in str(exc) and not killed) or attempt == tries:
                 raise
 
 
