@@ -4,8 +4,8 @@
 
     gyre train CONFIG            (not inside an MPI world or SLURM step)
       └─ mpirun --oversubscribe -n 1+K  python -m gyre_hpc.cli train CONFIG --run-dir RUN_DIR ...
-           rank 0      allocator server + proxy + harness + data-plane hub   (gyre_hpc.runtime.root)
-           rank c + 1  the cell runner of cell c: engine ⇄ trainer              (gyre_hpc.cell.runner)
+           rank 0      allocator server + proxy + harness + data-plane hub   (gyre_hpc.live.root)
+           rank c + 1  the cell runner of cell c: engine ⇄ trainer              (gyre_hpc.live.cell_runner)
       └─ prints the summary (summary.json of the run directory) as one JSON object with --json
 
 Preemption: SIGTERM or SIGUSR1 to ``gyre train`` (or to the ranks: srun, scancel) saves the resume state and
@@ -131,7 +131,7 @@ def _early_preemption(rank: bool):
     (its preemption comes as RUN_DIR/preempt.request; a signal there is mpirun ending the job); the launcher
     notes one that comes before mpirun starts (``launch`` then forwards the later ones)."""
     from gyre_hpc import early_signals
-    from gyre_hpc.runtime.preempt import SIGNALS, Preemption
+    from gyre_hpc.live.preempt import SIGNALS, Preemption
 
     if rank and os.environ.get(LAUNCHED_ENV):
         return Preemption()
@@ -244,7 +244,7 @@ def launch(args: argparse.Namespace, cells: int, run_dir: Path, pending=None) ->
                PYTHONPATH=os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p))
     env[LAUNCHED_ENV] = "1"
     cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-n", str(1 + cells)] + _rank_command(args, run_dir)
-    from gyre_hpc.runtime.preempt import REQUEST_FILE
+    from gyre_hpc.live.preempt import REQUEST_FILE
 
     (run_dir / REQUEST_FILE).unlink(missing_ok=True)  # a request of an earlier segment was served
     shutil.rmtree(run_dir / "errors", ignore_errors=True)  # an earlier segment's (its events.jsonl has them)
@@ -304,7 +304,7 @@ def _interrupted(signum, frame) -> None:
 def _forward_preemption(proc: subprocess.Popen, run_dir: Path) -> None:
     """SIGTERM/SIGUSR1 to ``gyre train`` become RUN_DIR/preempt.request, which rank 0 polls: no rank is
     signalled, so none can die of it while it starts up, and a signal a rank does get is mpirun's teardown."""
-    from gyre_hpc.runtime.preempt import REQUEST_FILE
+    from gyre_hpc.live.preempt import REQUEST_FILE
 
     def preempt(signum, frame) -> None:
         print(f"gyre train: {signal.Signals(signum).name}: preempting (the step in progress ends, the resume state "
@@ -349,7 +349,7 @@ def _rank(cfg, args: argparse.Namespace, preemption=None) -> int:
         preemption = _early_preemption(rank=True)
     if not args.run_dir:
         raise ConfigError("inside an MPI world, gyre train needs --run-dir (the launcher sets it)")
-    from gyre_hpc.runtime.preempt import REQUEST_FILE
+    from gyre_hpc.live.preempt import REQUEST_FILE
 
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -359,20 +359,20 @@ def _rank(cfg, args: argparse.Namespace, preemption=None) -> int:
     check_resume_config(cfg, run_dir)  # every rank alike, before MPI starts
     _check_resume_files(run_dir)
     from gyre_hpc.allocator.mpi_transport import MpiTransport
-    from gyre_hpc.cell.dataplane import open_data_comm
+    from gyre_hpc.live.dataplane import open_data_comm
     from gyre_hpc.clock import WallClock
 
     transport = MpiTransport(1 + cfg.cluster.cells, clock=WallClock(_last_event_t(cfg, run_dir)))
     _traceback_on_signal(run_dir / "traces" / f"rank{transport.rank}.txt")
     comm = open_data_comm()
-    from gyre_hpc.runtime.secret import share_job_secret
+    from gyre_hpc.live.secret import share_job_secret
 
     with _abort_world_on_error(transport.rank, run_dir):
         share_job_secret(comm, run_dir)  # every listener of the job requires it (gyre_hpc/auth.py)
         try:
             return _role(cfg, args, run_dir, transport, comm, preemption)
         finally:
-            preemption.ignore()  # a late signal must not kill this rank in MPI_Finalize (runtime/preempt.py)
+            preemption.ignore()  # a late signal must not kill this rank in MPI_Finalize (live/preempt.py)
 
 
 def _check_resume_files(run_dir: Path) -> None:
@@ -422,7 +422,7 @@ def _abort_world_on_error(rank: int, run_dir: Path | None = None):
 
 def _role(cfg, args: argparse.Namespace, run_dir: Path, transport, comm, preemption) -> int:
     if transport.rank == 0:
-        from gyre_hpc.runtime.root import run_root
+        from gyre_hpc.live.root import run_root
 
         out = run_root(cfg, run_dir, transport, comm, preemption)
         if out.get("preempted") and not out.get("saved"):
@@ -434,7 +434,7 @@ def _role(cfg, args: argparse.Namespace, run_dir: Path, transport, comm, preempt
         if out.get("error"):  # stopped in order, but failed (data loss): the step fails
             return 1
     else:
-        from gyre_hpc.cell.runner import CellRunner
+        from gyre_hpc.live.cell_runner import CellRunner
 
         proxy_url = comm.bcast(None, root=0)
         runner = CellRunner(cfg, run_dir, transport, comm, proxy_url, preemption)
@@ -470,7 +470,7 @@ def _check_placement(cfg) -> None:
 def _traceback_on_signal(path: Path) -> None:
     """``kill -USR2 PID`` makes a rank append every thread's stack to ``path``: how to see where a hung rank is.
     ``gyre train`` signals every rank when it is interrupted (Ctrl-C, a second SIGTERM, a test's timeout).
-    (SIGUSR1 is the preemption signal: runtime/preempt.py.)"""
+    (SIGUSR1 is the preemption signal: live/preempt.py.)"""
     import faulthandler
     import signal
 

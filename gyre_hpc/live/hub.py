@@ -43,7 +43,7 @@ from collections import deque
 from typing import Any, Callable
 
 from gyre_hpc.allocator.types import Role
-from gyre_hpc.cell import dataplane as dp
+from gyre_hpc.live import dataplane as dp
 
 
 class Hub:

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Callable
 
 from gyre_hpc import resume
-from gyre_hpc.runtime.batches import FixedBatches
+from gyre_hpc.live.batches import FixedBatches
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 #: the file ``gyre train`` writes into RUN_DIR when it is preempted (its content: the signal's name)
@@ -144,7 +144,7 @@ def inflight_counters(saved: dict, reissue: bool) -> dict:
 
 def restore(saved: dict, server, hub, rollouts, now: float, reissue: bool = True) -> list:
     """Put a loaded resume state back into a fresh rank 0 (before the allocator's first decision)."""
-    from gyre_hpc.runtime.rollouts import work_s
+    from gyre_hpc.live.rollouts import work_s
 
     groups = [rollouts.rebuild(g) for g in saved["buffer"]]
     for g, s in zip(groups, saved["buffer"]):  # an older state without it: the floor its own tokens set

@@ -30,7 +30,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from gyre_hpc.cell import store
+from gyre_hpc.live import store
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import EngineError
 

@@ -43,10 +43,10 @@ from typing import Callable
 from gyre_hpc.agents.harness import Harness
 from gyre_hpc.agents.plugin_harness import PluginHarness
 from gyre_hpc.allocator.messages import GroupsReady, RunsChanged
-from gyre_hpc.cell import dataplane as dp
+from gyre_hpc.live import dataplane as dp
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import GyreError
-from gyre_hpc.runtime.batches import FixedBatches
+from gyre_hpc.live.batches import FixedBatches
 from gyre_hpc.trajectory.records import TitoLog, outcome_record, read_tito
 
 WORK_S_PER_TOKEN = 2e-4  # rough CPU training cost per packed token, for the policies' backlog estimate
