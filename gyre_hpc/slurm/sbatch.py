@@ -38,7 +38,7 @@ from typing import Sequence
 
 from gyre_hpc.resume import PREEMPTED_EXIT
 from gyre_hpc.slurm.layout import local_nodes, plan
-from gyre_hpc.slurm.options import parse_signal
+from gyre_hpc.slurm_options import parse_signal
 
 #: checked-in script -> the config it is rendered from (paths relative to the repository root)
 SCRIPTS = {
