@@ -14,7 +14,7 @@ EDGE_PREFIXES = (
     "gyre_hpc.agents.harness", "gyre_hpc.agents.closed_loop",
     "gyre_hpc.agents.grader", "gyre_hpc.agents.plugins", "gyre_hpc.agents.task_check", "gyre_hpc.agents.sandbox_launch",
     "gyre_hpc.agents.mswea",  # mswea and mswea_runner (run by the mini-swe-agent venv only)
-    "gyre_hpc.models.weights", "gyre_hpc.models.hf_io", "gyre_hpc.models.check", "gyre_hpc.models.export",
+    "gyre_hpc.train.hf_weights", "gyre_hpc.train.hf_io", "gyre_hpc.models.check", "gyre_hpc.models.export",
 )
 BLOCKED = ("torch", "megatron", "mpi4py", "sglang", "mooncake", "submitit", "matplotlib", "tqdm", "transformers",
            "tokenizers", "safetensors")
