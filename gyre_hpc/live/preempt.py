@@ -27,7 +27,7 @@ Once its role has ended (run_root returned, the cell said Bye) a rank ignores bo
 (``Preemption.ignore``): its exit status is its own, never the default action of a late signal during MPI_Finalize.
 
 Engines and the proxy ignore SIGUSR1 (``serving.serve_announced``): under SLURM a signal to the step reaches
-every process of it. ``kill -USR2 PID`` dumps a rank's stacks (``jobs/train.py``).
+every process of it. ``kill -USR2 PID`` dumps a rank's stacks (``live/rank.py``).
 
 Invariants (tests/integration/test_preempt_resume.py)
 - The resume state is consistent: the checkpoint, the version, the step records and the SchedState counters

@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from gyre_hpc.openmpi import LOCAL_EXPORTS, SINGLE_HOST_EXPORTS  # noqa: F401 (imported from here too)
+from gyre_hpc.openmpi import LOCAL_EXPORTS
 from gyre_hpc.resume import PREEMPTED_EXIT
 from gyre_hpc.slurm.layout import local_nodes, plan
 from gyre_hpc.slurm_options import parse_signal
