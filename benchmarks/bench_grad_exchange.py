@@ -65,7 +65,7 @@ def gradients(shapes: dict, seed: int) -> dict[str, np.ndarray]:
 def worker(args: argparse.Namespace) -> None:
     from mpi4py import MPI
 
-    from gyre_hpc.cell import dataplane as dp
+    from gyre_hpc.live import dataplane as dp
     from gyre_hpc.config import TransferConfig
     from gyre_hpc.transfer.gradients import GradientReceiver, GradientSender
 

@@ -4,7 +4,7 @@
                                     [--engine-kills 2] [--preemptions 2] [--rank-kills 1]
 
 A seeded plan shuffles the faults: SIGKILL of an engine process (the run goes on: the cell restarts its engine),
-SIGKILL of one whole cell rank (the run ends with exit 69 and rank 0's resume state, runtime/lost.py), and a
+SIGKILL of one whole cell rank (the run ends with exit 69 and rank 0's resume state, live/lost.py), and a
 preemption (SIGTERM to ``gyre train``: exit 75 with the resume state). Each fault waits for a seeded step count
 of the current segment plus a seeded delay. Whenever ``gyre train`` exits 69 or 75 with a resume state, the
 benchmark starts ``gyre train --resume RUN_DIR`` at once (also after exit 70, an error, when rank 0 saved the

@@ -2,7 +2,7 @@
 
 The package splits into a pure core (``config``, ``trajectory``, ``allocator`` policies and simulator,
 ``slurm`` environment parsing and sbatch rendering), which imports only the standard library, numpy and
-PyYAML, and edge modules (``train``, ``engines``, ``transfer``, ``cell``, ``proxy``) that own torch,
+PyYAML, and edge modules (``train``, ``engines``, ``transfer``, ``live``, ``proxy``) that own torch,
 megatron-core, Mooncake, MPI and subprocesses.
 """
 __version__ = "0.1.0"

@@ -1,6 +1,6 @@
 """The preemption signals, caught from the first line of ``gyre train`` (stdlib only: armed before any import of
-weight). Until ``jobs/train.py`` installs its own handlers, SIGTERM and SIGUSR1 are only noted in ``received``;
-the job then treats a noted signal as a preemption that came at once.
+weight). Until ``jobs/train.py`` installs its own handlers (``gyre_hpc.live.rank.early_preemption``), SIGTERM
+and SIGUSR1 are only noted in ``received``; the job then treats a noted signal as a preemption that came at once.
 
 Invariants (tests/unit/test_early_signals.py)
 - Once ``arm()`` returned, SIGTERM and SIGUSR1 no longer end the process; each one is appended to ``received``

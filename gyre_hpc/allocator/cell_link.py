@@ -1,6 +1,6 @@
 """A cell leader's side of the allocator protocol: Hello/Welcome, heartbeats, orders in, events out, Bye.
 
-The cell worker (``gyre_hpc.cell``) owns what a role switch does; this link only speaks the protocol::
+The cell worker (``gyre_hpc.live``) owns what a role switch does; this link only speaks the protocol::
 
     link = CellLink(transport, cell=rank - 1, heartbeat_interval_s=cfg.heartbeat_interval_s)
     welcome = link.hello(timeout_s)          # starting role, core cell, streaming / mu

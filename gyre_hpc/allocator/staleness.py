@@ -23,7 +23,7 @@ is one batch (generation stops running ahead). ``max_staleness`` masks tokens wh
 of the loss; trained lag never exceeds it.
 
 Measurement. ``token_lags`` is the one definition of a batch's lag, used by the simulator's ``LagLedger``
-and by the live trainer (``cell/dataplane.lag_stats``): the sum over trained tokens of ``v - g``, their count
+and by the live trainer (``live/dataplane.lag_stats``): the sum over trained tokens of ``v - g``, their count
 and the maximum. E[d] of a run is the token-weighted mean over all its steps.
 
 Invariants

@@ -4,7 +4,7 @@
 
 The engine joins a torch group (gloo on CPU) as ``rank_offset``; an update receives one broadcast per announced
 tensor from group rank 0, in the announced order, into fresh tensors (generation goes on meanwhile with the old
-weights), maps Hugging Face names back to megatron's (``models.weights.to_megatron``; megatron names are taken as
+weights), maps Hugging Face names back to megatron's (``train.hf_weights.to_megatron``; megatron names are taken as
 they are), then loads them between two decode ticks. Tokens decoded after the load carry ``weight_version``.
 
 Invariants
@@ -88,7 +88,7 @@ def to_model_names(received: dict, model_cfg, own: set[str]) -> dict:
         return received
     if model_cfg is None:
         raise EngineError("Hugging Face names need the model config (the engine was built without one)", status=400)
-    from gyre_hpc.models.weights import to_megatron
+    from gyre_hpc.train.hf_weights import to_megatron
 
     try:
         return to_megatron(received, model_cfg)

@@ -16,7 +16,7 @@ Who sends which bytes, when (docs/weights.md)::
     POST /end_weight_update
     POST /continue_generation                  (the held requests go on under the new weights and version)
 
-Names are Hugging Face names (``gyre_hpc.models.weights.to_hf``) when the model maps to one (``hf_names``): what
+Names are Hugging Face names (``gyre_hpc.train.hf_weights.to_hf``) when the model maps to one (``hf_names``): what
 SGLang needs, and what the local engine maps back. A model with no HF form (LayerNorm, GELU, learned positions)
 travels under megatron's own names, which only the local engine accepts (SGLang cannot serve it anyway).
 
@@ -59,7 +59,7 @@ def hf_names(cfg: ModelConfig) -> bool:
 
 def engine_tensors(full: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Full megatron tensors (a trainer export or a pull) → the tensors to send, under the names engines load."""
-    from gyre_hpc.models.weights import to_hf
+    from gyre_hpc.train.hf_weights import to_hf
 
     full = {k: v for k, v in full.items() if isinstance(v, torch.Tensor)}
     return to_hf(full, cfg) if hf_names(cfg) else {k: v.contiguous() for k, v in full.items()}

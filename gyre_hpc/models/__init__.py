@@ -1,11 +1,12 @@
-"""Hugging Face model directories in and out of the project's megatron-core ``GPTModel``.
+"""Hugging Face model directories in and out of the project's megatron-core ``GPTModel`` (edge: torch,
+transformers, safetensors).
 
-- ``hf_config``  (pure) an HF ``config.json`` → the ``ModelConfig`` fields; supported architectures;
-- ``weights``    the one name/layout mapping table, HF tensors ⇄ megatron tensors (TP slices on load);
-- ``hf_io``      read and write HF directories (safetensors, tokenizer files, generation config);
-- ``init``       ``init_model``: a tiny random real-format model with a locally trained tokenizer;
-- ``export``     a training checkpoint or run directory → an HF directory;
-- ``check``      transformers' forward against megatron's, and the export round trip.
+- ``init``           ``init_model``: a tiny random real-format model with a locally trained tokenizer;
+- ``export``         a training checkpoint or run directory → an HF directory;
+- ``check``          transformers' forward against megatron's, and the export round trip;
+- ``chat_template``  the chat template the tiny models carry (pure).
 
-Only ``hf_config`` belongs to the pure core; the others are edge modules (torch, transformers, safetensors).
+The parts other layers need sit where those layers can reach them (issue 14): ``gyre_hpc.hf_config`` (pure: an HF
+``config.json`` → the ``ModelConfig`` fields, read by ``config``) in the core, and ``gyre_hpc.train.hf_weights``
+(the HF ⇄ megatron tensor mapping) and ``gyre_hpc.train.hf_io`` (HF directories) in ``train``.
 """

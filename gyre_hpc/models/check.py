@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from gyre_hpc.config import ModelConfig
-from gyre_hpc.models import hf_config, hf_io, weights
+from gyre_hpc import hf_config
+from gyre_hpc.train import hf_io, hf_weights as weights
 
 
 def causal_mask(s: int) -> torch.Tensor:

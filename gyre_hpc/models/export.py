@@ -9,7 +9,7 @@ Sources, and where the model config comes from (``config.yaml`` of the run direc
                               a training checkpoint (rank000.pt ...; tensor-parallel shards are merged)
 
 The run must have trained a model loaded from ``model.hf_path``: its config.json and tokenizer files are the
-exported directory's, with the trained tensors (``gyre_hpc.models.weights.to_hf``).
+exported directory's, with the trained tensors (``gyre_hpc.train.hf_weights.to_hf``).
 
 Invariants
 - config.json's ``dtype`` names the dtype of the tensors written (the trainer's float32, whatever the source).
@@ -27,7 +27,8 @@ import torch
 
 from gyre_hpc.config import GyreConfig, ModelConfig, build, read_yaml
 from gyre_hpc.errors import CheckpointError, UnsupportedModelError
-from gyre_hpc.models import hf_config, hf_io, weights
+from gyre_hpc import hf_config
+from gyre_hpc.train import hf_io, hf_weights as weights
 
 #: megatron name suffix → the dimension tensor parallelism splits (the local spec's parallel layers)
 TP_DIM = {"word_embeddings.weight": 0, "output_layer.weight": 0, "linear_qkv.weight": 0, "linear_qkv.bias": 0,

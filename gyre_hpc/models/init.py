@@ -22,7 +22,7 @@ import random
 from pathlib import Path
 
 from gyre_hpc.errors import ConfigError
-from gyre_hpc.models.hf_config import ARCH_BY_NAME
+from gyre_hpc.hf_config import ARCH_BY_NAME
 
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gyre_hpc.slurm.layout import local_nodes, plan
-from gyre_hpc.slurm.options import parse_signal, time_seconds
+from gyre_hpc.slurm_options import parse_signal, time_seconds
 from gyre_hpc.slurm.sbatch import LOCAL_EXPORTS, node_count
 
 

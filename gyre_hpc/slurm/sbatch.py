@@ -36,9 +36,10 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from gyre_hpc.openmpi import LOCAL_EXPORTS
 from gyre_hpc.resume import PREEMPTED_EXIT
 from gyre_hpc.slurm.layout import local_nodes, plan
-from gyre_hpc.slurm.options import parse_signal
+from gyre_hpc.slurm_options import parse_signal
 
 #: checked-in script -> the config it is rendered from (paths relative to the repository root)
 SCRIPTS = {
@@ -46,17 +47,6 @@ SCRIPTS = {
     "sbatch/gyre_122b.sh": "configs/gyre_122b.yaml",
     "sbatch/local_4node.sh": "configs/local_4node.yaml",
 }
-
-#: Open MPI over TCP on the loopback interface: the emulated nodes of scripts/local-slurm.sh share one machine,
-#: and Open MPI's shared-memory transport segfaults across them (docs/slurm-local.md).
-LOCAL_EXPORTS = ("OMPI_MCA_btl=self,tcp", "OMPI_MCA_btl_tcp_if_include=lo", "OMPI_MCA_oob_tcp_if_include=lo",
-                 "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
-
-#: ``gyre train`` on one machine (mpirun, no emulated nodes): Open MPI over shared memory, so that no rank opens a
-#: TCP listener (the TCP BTL of Open MPI 4.1 listens on 0.0.0.0 and :: whatever btl_tcp_if_include says; measured
-#: in docs/reliability.md); no single-copy (CMA needs ptrace rights that containers often lack).
-SINGLE_HOST_EXPORTS = ("OMPI_MCA_btl=self,vader", "OMPI_MCA_btl_vader_single_copy_mechanism=none")
-
 
 def node_count(cfg) -> int:
     """Nodes the job asks for: every cell's nodes; the allocator shares the first node."""

@@ -2,11 +2,11 @@
 
 - ``train_rank``: one task of a SLURM training job = one rank of the live run. It takes its rank from
   ``submitit.JobEnvironment()``, checks that it agrees with the MPI world and with the layout's placement of
-  that rank, then runs the rank's role through ``gyre train``'s own rank entry point (``jobs.train._rank``).
+  that rank, then runs the rank's role through ``gyre train``'s own rank entry point (``gyre_hpc.live.rank``).
   Rank 0 returns the run's summary (summary.json); the other ranks return None.
   With ``allow_preempted`` a rank that stopped for a preemption returns ``PREEMPTED`` instead (the submitit
   job's ``TrainRank``, gyre_hpc/slurm/submit_requeue.py, then requeues the job).
-- ``train_local``: the local executor's job: ``gyre train``'s mpirun launcher (``jobs.train.launch``) with
+- ``train_local``: the local executor's job: ``gyre train``'s mpirun launcher (``gyre_hpc.live.launch``) with
   1 + K ranks on this machine, then the summary.
 - ``simulate_element``: one ``gyre sweep --simulate`` element: ``compare`` on the element's config, one row.
 
@@ -57,8 +57,8 @@ def train_rank(config: str, run_dir: str, allow_preempted: bool = False) -> dict
     from mpi4py import MPI
 
     from gyre_hpc.slurm import env as slurm_env
+    from gyre_hpc.live.rank import run_rank
     from gyre_hpc.slurm.layout import plan_from_env
-    from jobs.train import _rank
 
     cfg = load_config(config)
     job = submitit.JobEnvironment()
@@ -66,14 +66,14 @@ def train_rank(config: str, run_dir: str, allow_preempted: bool = False) -> dict
     check_world(job.global_rank, job.num_tasks, world.Get_rank(), world.Get_size(), cfg.cluster.cells)
     env = slurm_env.from_environ()
     plan_from_env(cfg.cluster, env).placement_from_env(env)  # on the node the layout gives this rank
-    code = _rank(cfg, _args(config, run_dir))
+    code = run_rank(cfg, _args(config, run_dir))
     if allow_preempted and code == PREEMPTED_EXIT:
         return PREEMPTED
     return _summary(Path(run_dir), "srun") if job.global_rank == 0 else None
 
 
 def train_local(config: str, run_dir: str) -> dict[str, Any]:
-    from jobs.train import launch
+    from gyre_hpc.live.launch import launch
 
     cfg = load_config(config)
     code = launch(_args(config, run_dir), cfg.cluster.cells, Path(run_dir))

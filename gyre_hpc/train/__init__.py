@@ -3,7 +3,9 @@
 - ``cpu_compat``  patches that let megatron-core run without CUDA (applied only then);
 - ``model``       process/model-parallel set-up and ``build_model`` (local layer spec);
 - ``loss``        per-token pg / ppo losses gathered at each token's tree parent;
-- ``step``        ``Trainer``: step, burst, state, weight export, atomic checkpoints (``checkpoint``).
+- ``step``        ``Trainer``: step, burst, state, weight export, atomic checkpoints (``checkpoint``);
+- ``hf_weights``  the one name/layout mapping table, HF tensors ⇄ megatron tensors (TP slices on load);
+- ``hf_io``       read and write HF directories (safetensors, tokenizer files, generation config).
 """
 import warnings
 

@@ -3,7 +3,7 @@
 Invariants
 - ``build_model(cfg, seed)`` is deterministic: the same config and seed give bit-identical parameters, for any
   tensor-parallel size (weights are initialised on the CPU as full master tensors, then split). With
-  ``cfg.hf_path`` the parameters are that checkpoint's (``gyre_hpc.models.weights``), whatever the seed.
+  ``cfg.hf_path`` the parameters are that checkpoint's (``gyre_hpc.train.hf_weights``), whatever the seed.
 - ``forward_logits`` returns full-vocabulary logits ``[b, s, V]`` (gathered across tensor-parallel ranks) and
   honours the given ``position_ids`` for every position-embedding type offered (``mrope`` gets three identical
   rows, which equals RoPE at those positions).
@@ -125,7 +125,7 @@ def build_model(cfg: ModelConfig, seed: int = 0) -> torch.nn.Module:
             share_embeddings_and_output_weights=cfg.tie_embeddings,
         )
     if cfg.hf_path is not None:
-        from gyre_hpc.models.weights import load_hf_weights
+        from gyre_hpc.train.hf_weights import load_hf_weights
 
         load_hf_weights(model, cfg)
     if torch.cuda.is_available():

@@ -252,7 +252,7 @@ def _other_weights(kind: str, tmp) -> dict:
 
         state = {k: v for k, v in build_model(ModelConfig(), seed=7).state_dict().items() if isinstance(v, torch.Tensor)}
         return engine_tensors(state, ModelConfig())
-    from gyre_hpc.models.hf_io import read_safetensors
+    from gyre_hpc.train.hf_io import read_safetensors
     from gyre_hpc.models.init import init_model
 
     return read_safetensors(init_model("qwen3", tmp / "qwen3-other", head_dim=16, ffn=128, seed=1))

@@ -1,4 +1,4 @@
-"""Gradients reach the core as tensors (gyre_hpc/cell/training.py, gyre_hpc/transfer/gradients.py): the core's sum
+"""Gradients reach the core as tensors (gyre_hpc/live/training_side.py, gyre_hpc/transfer/gradients.py): the core's sum
 over a satellite's pulled gradients is the single-process gradient of the same batch, the data-plane message holds
 no gradient array, and a satellite that leaves mid-step (or dies) does not hang the core. Real megatron trainers,
 real loopback TCP transfer (socket backend); the core and the satellite share this process."""
@@ -24,14 +24,14 @@ def rows(batch, idx):
 
 
 def group(gid, batch):
-    from gyre_hpc.cell import dataplane as dp
+    from gyre_hpc.live import dataplane as dp
 
     return dp.Group(gid=gid, batch=batch, trained_tokens=batch.trained_tokens)
 
 
 @pytest.fixture(scope="module")
 def cells(tmp_path_factory):
-    from gyre_hpc.cell.training import CoreTrainer, SatelliteTrainer
+    from gyre_hpc.live.training_side import CoreTrainer, SatelliteTrainer
     from gyre_hpc.config import load_config
 
     torch.set_num_threads(1)
@@ -57,14 +57,14 @@ def arrays_in(obj):
 
 
 def satellite_message(satellite, version, g):
-    from gyre_hpc.cell import dataplane as dp
+    from gyre_hpc.live import dataplane as dp
 
     z, grads, loss, extra = satellite.grads(g)
     return satellite.message(version, g, z, grads, loss, dp.lag_stats(g.batch, version), extra, 0.0), grads
 
 
 def test_the_cores_sum_over_pulled_gradients_is_the_single_process_gradient_of_the_batch(cells):
-    from gyre_hpc.cell import dataplane as dp
+    from gyre_hpc.live import dataplane as dp
 
     core, satellite = cells
     tree, _ = fork_pair(GROUPS, seed=1, old_logprob=-5.0)
@@ -97,7 +97,7 @@ def test_the_data_plane_message_carrying_a_gradient_holds_no_array(cells):
 
 
 def test_a_satellite_leaving_mid_step_costs_its_copy_not_the_step(cells):
-    from gyre_hpc.cell import dataplane as dp
+    from gyre_hpc.live import dataplane as dp
     from gyre_hpc.transfer.gradients import GradientSender
 
     core, satellite = cells

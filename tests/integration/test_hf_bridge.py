@@ -59,7 +59,7 @@ def test_export_then_reload_is_bit_identical(models, name):
 
 def test_a_plain_qkv_concatenation_is_caught(models, monkeypatch):
     """Negative control: [q; k; v] without the per-query-group interleave must make the logits test fail."""
-    from gyre_hpc.models import weights
+    from gyre_hpc.train import hf_weights as weights
 
     monkeypatch.setattr(weights, "interleave_qkv", lambda q, k, v, cfg: torch.cat([q, k, v], dim=0))
     assert logit_diff(models["qwen3"]) > 100 * TOL
@@ -71,9 +71,9 @@ def test_trainer_starts_from_hf_weights_and_its_export_loads_in_transformers(mod
     from train_batches import fork_pair
 
     from gyre_hpc.config import GyreConfig, TrainConfig, to_dict
-    from gyre_hpc.models import weights
+    from gyre_hpc.train import hf_weights as weights
     from gyre_hpc.models.export import export
-    from gyre_hpc.models.hf_io import read_safetensors
+    from gyre_hpc.train.hf_io import read_safetensors
     from gyre_hpc.train.step import Trainer
 
     cfg = ModelConfig(hf_path=str(models["qwen3"]))
@@ -98,8 +98,8 @@ def test_trainer_starts_from_hf_weights_and_its_export_loads_in_transformers(mod
 
 def test_a_missing_or_foreign_tensor_is_refused_by_name(models):
     from gyre_hpc.errors import CheckpointError
-    from gyre_hpc.models import weights
-    from gyre_hpc.models.hf_io import read_safetensors
+    from gyre_hpc.train import hf_weights as weights
+    from gyre_hpc.train.hf_io import read_safetensors
 
     cfg = ModelConfig(hf_path=str(models["qwen2"]))
     hf = read_safetensors(models["qwen2"])

@@ -33,7 +33,7 @@ def test_tp2_load_matches_transformers_and_exports_the_source_tensors(tmp_path, 
     from gyre_hpc.config import GyreConfig, ModelConfig, to_dict
     from gyre_hpc.models.check import hf_logits
     from gyre_hpc.models.export import export
-    from gyre_hpc.models.hf_io import read_safetensors
+    from gyre_hpc.train.hf_io import read_safetensors
     from gyre_hpc.models.init import init_model
     from gyre_hpc.train.model import _free_port
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from gyre_hpc.allocator.types import Role
-from gyre_hpc.cell import dataplane as dp
-from gyre_hpc.runtime.hub import Hub
+from gyre_hpc.live import dataplane as dp
+from gyre_hpc.live.hub import Hub
 
 pytestmark = [pytest.mark.mpi]
 

@@ -9,9 +9,9 @@ from collections import defaultdict
 import pytest
 
 from gyre_hpc.allocator.types import Role
-from gyre_hpc.cell import dataplane as dp
+from gyre_hpc.live import dataplane as dp
 from gyre_hpc.errors import ProtocolError
-from gyre_hpc.runtime.hub import Hub
+from gyre_hpc.live.hub import Hub
 
 pytestmark = [pytest.mark.mpi]
 

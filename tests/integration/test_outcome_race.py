@@ -22,7 +22,7 @@ from gyre_hpc.engines.launch import free_port
 from gyre_hpc.engines.protocol import generate_response
 from gyre_hpc.proxy.client import ProxyClient
 from gyre_hpc.proxy.launch import start_proxy
-from gyre_hpc.runtime.rollouts import Rollouts
+from gyre_hpc.live.rollouts import Rollouts
 from gyre_hpc.trajectory.records import read_tito
 
 pytestmark = [pytest.mark.engine]

@@ -7,7 +7,7 @@
   finishes; with ``allocator.preempt_inflight=drop`` the interrupted queries are counted, not re-issued;
   event times grow across the segments;
 - SIGKILL of one rollout cell's rank ends the run as ``rank_lost`` with its own exit status (69), never
-  ``preempted``; rank 0 saves a resume state first (runtime/lost.py) and ``--resume`` finishes the run."""
+  ``preempted``; rank 0 saves a resume state first (live/lost.py) and ``--resume`` finishes the run."""
 import json
 import os
 import signal

@@ -1,5 +1,5 @@
 """A rank that fails ends the whole live run at once: MPI_Abort, a non-zero exit and the reason on stderr,
-instead of the other ranks waiting for it forever (jobs/train.py ``_abort_world_on_error``)."""
+instead of the other ranks waiting for it forever (gyre_hpc/live/rank.py ``_abort_world_on_error``)."""
 import json
 import os
 import subprocess

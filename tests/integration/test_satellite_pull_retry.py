@@ -1,5 +1,5 @@
 """A satellite pull whose checksum fails is retried, up to ``transfer.checksum_retries`` times, before it is fatal
-(gyre_hpc/cell/training.py ``SatelliteTrainer.ensure``). The core publishes for real (in-process transfer); the
+(gyre_hpc/live/training_side.py ``SatelliteTrainer.ensure``). The core publishes for real (in-process transfer); the
 damage is a double around the real puller that reports a checksum mismatch for its first pulls."""
 import pytest
 
@@ -28,7 +28,7 @@ class DamagingPullerDouble:
 
 @pytest.fixture(scope="module")
 def core_and_satellite(tmp_path_factory):
-    from gyre_hpc.cell.training import CoreTrainer, SatelliteTrainer
+    from gyre_hpc.live.training_side import CoreTrainer, SatelliteTrainer
 
     run_dir = tmp_path_factory.mktemp("run")
     cfg = load_config("configs/local.yaml", ["transfer.backend=inprocess", "transfer.checksum_retries=2"])

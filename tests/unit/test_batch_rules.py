@@ -1,7 +1,7 @@
 """The burst gate and the batch-start rule: one implementation (allocator.batches) for the simulator and the hub."""
 from gyre_hpc.allocator import batches
 from gyre_hpc.allocator.sim import trainer
-from gyre_hpc.runtime import hub
+from gyre_hpc.live import hub
 
 
 def test_the_burst_gate_closes_once_the_burst_has_its_mu_steps():

@@ -1,4 +1,4 @@
-"""gyre_hpc.cell.runner: a satellite's weight pull that fails because the run ended (the core closed its weights
+"""gyre_hpc.live.cell_runner: a satellite's weight pull that fails because the run ended (the core closed its weights
 after Shutdown) ends the cell in order; one that fails while the run goes on still raises.
 
 The race itself (Shutdown while a satellite pulls) happened in a live 4-cell SLURM run and ended the whole step
@@ -13,8 +13,8 @@ from gyre_hpc.allocator.cell_link import CellLink
 from gyre_hpc.allocator.messages import Shutdown, SwitchTo
 from gyre_hpc.allocator.transport import InProcessWorld
 from gyre_hpc.allocator.types import Role
-from gyre_hpc.cell import runner as runner_module
-from gyre_hpc.cell.runner import CellRunner, _RunOver
+from gyre_hpc.live import cell_runner as runner_module
+from gyre_hpc.live.cell_runner import CellRunner, _RunOver
 from gyre_hpc.errors import TransferError
 
 

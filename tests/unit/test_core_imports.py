@@ -8,13 +8,13 @@ import gyre_hpc
 
 #: Edge modules (and packages) that may import torch, MPI, Mooncake, submitit, matplotlib, sockets...
 EDGE_PREFIXES = (
-    "gyre_hpc.train", "gyre_hpc.engines", "gyre_hpc.transfer", "gyre_hpc.cell", "gyre_hpc.proxy",
+    "gyre_hpc.train", "gyre_hpc.engines", "gyre_hpc.transfer", "gyre_hpc.live", "gyre_hpc.proxy",
     "gyre_hpc.report", "gyre_hpc.serving", "gyre_hpc.cli", "gyre_hpc.slurm.submit", "gyre_hpc.trajectory.collate",
-    "gyre_hpc.allocator.mpi_transport", "gyre_hpc.allocator.server", "gyre_hpc.runtime",
+    "gyre_hpc.allocator.mpi_transport", "gyre_hpc.allocator.server",
     "gyre_hpc.agents.harness", "gyre_hpc.agents.closed_loop",
     "gyre_hpc.agents.grader", "gyre_hpc.agents.plugins", "gyre_hpc.agents.task_check", "gyre_hpc.agents.sandbox_launch",
     "gyre_hpc.agents.mswea",  # mswea and mswea_runner (run by the mini-swe-agent venv only)
-    "gyre_hpc.models.weights", "gyre_hpc.models.hf_io", "gyre_hpc.models.check", "gyre_hpc.models.export",
+    "gyre_hpc.train.hf_weights", "gyre_hpc.train.hf_io", "gyre_hpc.models.check", "gyre_hpc.models.export",
 )
 BLOCKED = ("torch", "megatron", "mpi4py", "sglang", "mooncake", "submitit", "matplotlib", "tqdm", "transformers",
            "tokenizers", "safetensors")

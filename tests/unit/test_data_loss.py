@@ -3,7 +3,7 @@ import pytest
 
 from gyre_hpc.config import load_config
 from gyre_hpc.errors import ConfigError
-from gyre_hpc.runtime.dataloss import LostGroups, over_share, summary
+from gyre_hpc.live.dataloss import LostGroups, over_share, summary
 
 
 def group(gid, lost=None, statuses=("scored",) * 4):

@@ -5,7 +5,7 @@ import pytest
 
 from gyre_hpc.config import ModelConfig, load_config
 from gyre_hpc.errors import ConfigError, UnsupportedModelError
-from gyre_hpc.models.hf_config import SUPPORTED, hf_config_dict, model_fields
+from gyre_hpc.hf_config import SUPPORTED, hf_config_dict, model_fields
 
 QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 1024, "hidden_size": 64,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,

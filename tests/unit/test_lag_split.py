@@ -1,10 +1,10 @@
-"""Staleness split (gyre_hpc/cell/dataplane.py): lag = pre-queue part + in-queue part, token by token."""
+"""Staleness split (gyre_hpc/live/dataplane.py): lag = pre-queue part + in-queue part, token by token."""
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from gyre_hpc.cell.dataplane import lag_record, lag_stats, merge_lag
+from gyre_hpc.live.dataplane import lag_record, lag_stats, merge_lag
 from gyre_hpc.errors import ProtocolError
 
 

@@ -1,4 +1,4 @@
-"""gyre_hpc.runtime.lost: what rank 0 saves when mpirun tears the job down because a rank died: the checkpoint
+"""gyre_hpc.live.lost: what rank 0 saves when mpirun tears the job down because a rank died: the checkpoint
 of the last step it applied (held even after the core replaced checkpoints/latest), counters consistent with
 its step records, and a state ``gyre_hpc.resume.load`` accepts."""
 import json
@@ -10,7 +10,7 @@ import pytest
 from gyre_hpc import resume
 from gyre_hpc.errors import CheckpointError
 from gyre_hpc.io import atomic_dir
-from gyre_hpc.runtime import lost
+from gyre_hpc.live import lost
 
 
 def write_latest(run_dir, version):

@@ -1,5 +1,5 @@
 """A rank whose role has ended exits with its own status even when a preemption signal arrives while the
-interpreter and MPI finalize (gyre_hpc.runtime.preempt, ``Preemption.ignore``).
+interpreter and MPI finalize (gyre_hpc.live.preempt, ``Preemption.ignore``).
 
 The child process below registers glibc's ``raise`` with ``on_exit``: after Python has finalized (where mpi4py's
 MPI_Finalize runs, and where Python has given every Python-handled signal its default action back), exit()
@@ -14,7 +14,7 @@ import pytest
 
 CHILD = """
 import ctypes, signal, sys
-from gyre_hpc.runtime.preempt import Preemption
+from gyre_hpc.live.preempt import Preemption
 libc = ctypes.CDLL(None)
 libc.on_exit(ctypes.cast(getattr(libc, "raise"), ctypes.c_void_p), None)
 p = Preemption().install()
@@ -42,7 +42,7 @@ def test_after_ignore_a_late_preemption_signal_leaves_the_exit_status_alone(sign
 
 
 def test_a_signal_before_ignore_is_noted_once():
-    from gyre_hpc.runtime.preempt import Preemption
+    from gyre_hpc.live.preempt import Preemption
 
     calls = []
     p = Preemption(on_signal=lambda: calls.append(1)).install()

@@ -120,7 +120,7 @@ def test_resuming_with_another_config_fails_before_any_process_starts_naming_the
 
     from gyre_hpc.config import load_config, to_dict
     from gyre_hpc.errors import ConfigError
-    from jobs.train import check_resume_config
+    from gyre_hpc.live.rank import check_resume_config
 
     run = tmp_path / "run"
     resume.save(run, state(), checkpoint(tmp_path, 2))

@@ -1,5 +1,8 @@
 """Formats of the ``slurm`` config section, checked when the config loads (``SlurmConfig.check``).
 
+It sits below ``config`` (standard library and ``errors`` only), so that config never imports the ``slurm``
+package; the renderer (``slurm.sbatch``, ``slurm.jobspec``) reads the same formats from here.
+
 Invariants (each violation is a ``FieldError`` on the field, which the loader reports as ``slurm.<key>``)
 - ``time`` is ``HH:MM:SS`` with minutes and seconds below 60 and a positive total.
 - ``signal`` is ``SIG@seconds`` with a signal name SLURM knows and 0 <= seconds <= 65535.

@@ -46,9 +46,9 @@ from gyre_hpc.allocator.types import Role
 from gyre_hpc.config import GyreConfig, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
 from gyre_hpc.io import atomic_write_json, atomic_write_text
-from gyre_hpc.runtime import dataloss, lost, preempt
-from gyre_hpc.runtime.hub import Hub
-from gyre_hpc.runtime.rollouts import Rollouts
+from gyre_hpc.live import dataloss, lost, preempt
+from gyre_hpc.live.hub import Hub
+from gyre_hpc.live.rollouts import Rollouts
 from gyre_hpc.train import agreement
 
 PROGRESS_EVERY_S = 5.0

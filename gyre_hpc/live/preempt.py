@@ -27,7 +27,7 @@ Once its role has ended (run_root returned, the cell said Bye) a rank ignores bo
 (``Preemption.ignore``): its exit status is its own, never the default action of a late signal during MPI_Finalize.
 
 Engines and the proxy ignore SIGUSR1 (``serving.serve_announced``): under SLURM a signal to the step reaches
-every process of it. ``kill -USR2 PID`` dumps a rank's stacks (``jobs/train.py``).
+every process of it. ``kill -USR2 PID`` dumps a rank's stacks (``live/rank.py``).
 
 Invariants (tests/integration/test_preempt_resume.py)
 - The resume state is consistent: the checkpoint, the version, the step records and the SchedState counters
@@ -144,7 +144,7 @@ def inflight_counters(saved: dict, reissue: bool) -> dict:
 
 def restore(saved: dict, server, hub, rollouts, now: float, reissue: bool = True) -> list:
     """Put a loaded resume state back into a fresh rank 0 (before the allocator's first decision)."""
-    from gyre_hpc.runtime.rollouts import work_s
+    from gyre_hpc.live.rollouts import work_s
 
     groups = [rollouts.rebuild(g) for g in saved["buffer"]]
     for g, s in zip(groups, saved["buffer"]):  # an older state without it: the floor its own tokens set

@@ -172,6 +172,6 @@ def load_full(model: torch.nn.Module, full: Mapping[str, torch.Tensor], swiglu: 
 
 def load_hf_weights(model: torch.nn.Module, cfg: ModelConfig) -> None:
     """Load ``cfg.hf_path``'s safetensors into ``model`` (built from ``cfg``), sliced for this TP rank."""
-    from gyre_hpc.models.hf_io import read_safetensors
+    from gyre_hpc.train.hf_io import read_safetensors
 
     load_full(model, to_megatron(read_safetensors(cfg.hf_path), cfg), cfg.swiglu)

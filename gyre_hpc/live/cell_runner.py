@@ -6,7 +6,7 @@
     loop:  heartbeat · next order · [core: take satellites' gradients, step when the batch is complete]
            ROLLOUT: keep the engine on the newest version        TRAIN: WANT a group ─▶ gradients
                                                                  (satellite: into its gradient buffer; the
-                                                                 core pulls them: cell/training.py)
+                                                                 core pulls them: live/training_side.py)
     SwitchTo(TRAIN):   drain the cell in the proxy (its calls move) · remove · stop the engine ·
                        satellite: pull the core's weights over Mooncake (checksums)   ─▶ SwitchDone(timing)
     SwitchTo(ROLLOUT): (the group in hand is finished first) · core: report its groups ·
@@ -45,14 +45,14 @@ from gyre_hpc.allocator.cell_link import CellLink
 from gyre_hpc.allocator.messages import (CellFailed, EngineDied, EngineRestarted, Shutdown, SwitchDone, SwitchTo,
                                          TrainProgress)
 from gyre_hpc.allocator.types import Role
-from gyre_hpc.cell import dataplane as dp
-from gyre_hpc.cell.rollout import RolloutSide
-from gyre_hpc.cell.training import CoreTrainer, SatelliteTrainer
+from gyre_hpc.live import dataplane as dp
+from gyre_hpc.live.rollout_side import RolloutSide
+from gyre_hpc.live.training_side import CoreTrainer, SatelliteTrainer
 from gyre_hpc.clock import wait_until
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import GyreError, TransferError
 from gyre_hpc.io import atomic_write_json
-from gyre_hpc.runtime.preempt import Preemption
+from gyre_hpc.live.preempt import Preemption
 
 CORE = 0  # the allocator's core cell (AllocatorServer's default)
 SHUTDOWN_LOOK_S = 5.0  # after a failed weight pull: how long to look for a Shutdown that explains it

@@ -18,7 +18,7 @@ def model_dir(tmp_path_factory):
 
 
 def test_sglang_starts_on_the_model_directory_or_engine_model_path(model_dir):
-    from gyre_hpc.cell.engine_weights import start_model_dir
+    from gyre_hpc.live.engine_weights import start_model_dir
 
     cfg = GyreConfig(model=ModelConfig(hf_path=str(model_dir)), engine=EngineConfig(kind="sglang"))
     assert start_model_dir(cfg) == str(model_dir)
@@ -27,7 +27,7 @@ def test_sglang_starts_on_the_model_directory_or_engine_model_path(model_dir):
 
 
 def test_the_local_engine_keeps_its_configured_start(model_dir):
-    from gyre_hpc.cell.engine_weights import start_model_dir
+    from gyre_hpc.live.engine_weights import start_model_dir
 
     assert start_model_dir(GyreConfig(engine=EngineConfig(kind="local"))) is None
     cfg = GyreConfig(model=ModelConfig(hf_path=str(model_dir)), engine=EngineConfig(kind="local", model_path="/x"))
@@ -35,7 +35,7 @@ def test_the_local_engine_keeps_its_configured_start(model_dir):
 
 
 def test_sglang_without_a_model_directory_is_refused_naming_the_key():
-    from gyre_hpc.cell.engine_weights import start_model_dir
+    from gyre_hpc.live.engine_weights import start_model_dir
     from gyre_hpc.errors import EngineError
 
     with pytest.raises(EngineError, match="model.hf_path"):

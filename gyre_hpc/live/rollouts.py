@@ -43,7 +43,7 @@ from typing import Callable
 from gyre_hpc.agents.harness import Harness
 from gyre_hpc.agents.plugin_harness import PluginHarness
 from gyre_hpc.allocator.messages import GroupsReady, RunsChanged
-from gyre_hpc.cell import dataplane as dp
+from gyre_hpc.live import dataplane as dp
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import GyreError
 from gyre_hpc.allocator.batches import FixedBatches

@@ -35,9 +35,9 @@ import dataclasses
 import time
 from pathlib import Path
 
-from gyre_hpc.cell import store
+from gyre_hpc.live import store
 from gyre_hpc.clock import wait_until
-from gyre_hpc.cell.engine_weights import start_model_dir
+from gyre_hpc.live.engine_weights import start_model_dir
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import EngineError, TransferError
 
@@ -157,7 +157,7 @@ class RolloutSide:
         import numpy as np
         import torch
 
-        from gyre_hpc.cell.training import is_checksum_error
+        from gyre_hpc.live.training_side import is_checksum_error
         from gyre_hpc.engines.weight_sync import engine_tensors
         from gyre_hpc.transfer import WeightDescriptor, make_puller
 

@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 from gyre_hpc.allocator.batches import batch_may_start
 from gyre_hpc.allocator.types import Role
-from gyre_hpc.cell import dataplane as dp
+from gyre_hpc.live import dataplane as dp
 
 
 class Hub:

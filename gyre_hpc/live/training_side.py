@@ -54,8 +54,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gyre_hpc.cell import dataplane as dp
-from gyre_hpc.cell import store
+from gyre_hpc.live import dataplane as dp
+from gyre_hpc.live import store
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import TransferError
 from gyre_hpc.train import agreement

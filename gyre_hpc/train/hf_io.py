@@ -2,8 +2,8 @@
 
 ::
 
-    <dir>/config.json              architecture, sizes, token ids (``gyre_hpc.models.hf_config``)
-    <dir>/model.safetensors        HF tensor names (``gyre_hpc.models.weights``), float32
+    <dir>/config.json              architecture, sizes, token ids (``gyre_hpc.hf_config``)
+    <dir>/model.safetensors        HF tensor names (``gyre_hpc.train.hf_weights``), float32
     <dir>/generation_config.json   bos/eos/pad token ids
     <dir>/tokenizer.json, tokenizer_config.json, ...   whatever tokenizer files the source directory holds
 

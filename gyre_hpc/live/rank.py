@@ -1,0 +1,224 @@
+"""One rank of a live run: the dispatch every rank goes through, however it was started.
+
+::
+
+    gyre train CONFIG (mpirun, gyre_hpc.live.launch)  |  srun ... gyre train CONFIG  |  submitit (slurm.submit_tasks)
+      └─ run_rank(cfg, args, preemption)
+           rank 0      allocator server + proxy + harness + data-plane hub   (gyre_hpc.live.root.run_root)
+           rank c + 1  the cell runner of cell c: engine ⇄ trainer              (gyre_hpc.live.cell_runner)
+
+Invariants
+- The preemption signals are caught from the first moment (``early_preemption``, before the config, the heavy
+  imports and MPI_Init); a rank ``gyre train`` launched (``LAUNCHED_ENV``) learns of a preemption from
+  RUN_DIR/preempt.request only, and leaves the signals their default action.
+- Everything a rank checks (run directory, resume config, resume files) is checked before MPI starts, alike on
+  every rank, so a bad start fails every rank the same way instead of hanging a collective.
+- A rank that raises ends the whole MPI world (MPI_Abort) after writing RUN_DIR/errors/rankN.txt: no hang.
+- The exit status is 0, or ``gyre_hpc.resume.PREEMPTED_EXIT`` when the run was preempted and its resume state
+  saved; rank 0 prints the summary (``print_summary``) unless preempted.
+- The placement of a rank inside a SLURM step is checked by the caller (jobs/train.py, slurm/submit_tasks.py):
+  this package never imports ``gyre_hpc.slurm``.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import yaml
+
+from gyre_hpc.config import to_dict
+from gyre_hpc.errors import ConfigError, GyreError
+from gyre_hpc.live.launch import LAUNCHED_ENV
+from gyre_hpc.resume import PREEMPTED_EXIT
+
+
+def early_preemption(rank: bool):
+    """Catch the preemption signals from the first moment. A rank under SLURM (srun, scancel signal the step)
+    notes them (live.preempt.Preemption); a rank ``gyre train`` launched leaves them their default action
+    (its preemption comes as RUN_DIR/preempt.request; a signal there is mpirun ending the job); the launcher
+    notes one that comes before mpirun starts (``launch`` then forwards the later ones)."""
+    from gyre_hpc import early_signals
+    from gyre_hpc.live.preempt import SIGNALS, Preemption
+
+    if rank and os.environ.get(LAUNCHED_ENV):
+        return Preemption()
+    if rank:
+        pending = Preemption().install()
+    else:
+        pending = Preemption()
+        for s in SIGNALS:
+            signal.signal(s, lambda signum, frame: pending.request(signal.Signals(signum).name))
+    if early_signals.received:  # it came while the interpreter imported this job (gyre_hpc/cli.py armed it)
+        pending.request(early_signals.received[0])
+    return pending
+
+
+def check_resume_config(cfg, run_dir: Path) -> None:
+    """A resume continues the run in ``run_dir``: its config may differ from RUN_DIR/config.yaml only in the keys
+    ``gyre_hpc.resume.may_change`` allows (steps, run directory name, timeouts, retries, slurm.*)."""
+    from gyre_hpc import resume
+
+    path = run_dir / "config.yaml"
+    if not resume.exists(run_dir) or not path.is_file():
+        return
+    changes = resume.config_changes(yaml.safe_load(path.read_text()) or {}, to_dict(cfg))
+    if changes:
+        listed = "; ".join(f"{k}: {old!r} there, {new!r} now" for k, (old, new) in changes.items())
+        raise ConfigError(f"{path}: resuming this run with a different config ({listed}); resume with the run's "
+                          f"config and --set options (only allocator.steps, run.name/out_dir, timeouts, retries "
+                          f"and slurm.* may change)")
+
+
+def run_rank(cfg, args: argparse.Namespace, preemption=None) -> int:
+    """One rank of the live run: rank 0 drives, the others run their cell. ``preemption`` was installed before
+    anything heavy (``early_preemption``; installed here for a caller that has not: the submitit task)."""
+    if preemption is None:
+        preemption = early_preemption(rank=True)
+    if not args.run_dir:
+        raise ConfigError("inside an MPI world, gyre train needs --run-dir (the launcher sets it)")
+    from gyre_hpc.live.preempt import REQUEST_FILE
+
+    run_dir = Path(args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    from gyre_hpc.models import run_init
+
+    loaded, cfg = cfg, run_init.for_run(cfg, run_dir)  # the initial model the launcher (or rank 0 below) wrote
+    if os.environ.get(LAUNCHED_ENV):
+        preemption.watch(run_dir / REQUEST_FILE)
+    check_resume_config(cfg, run_dir)  # every rank alike, before MPI starts
+    _check_resume_files(run_dir)
+    from gyre_hpc.allocator.mpi_transport import MpiTransport
+    from gyre_hpc.clock import WallClock
+    from gyre_hpc.live.dataplane import open_data_comm
+
+    transport = MpiTransport(1 + cfg.cluster.cells, clock=WallClock(_last_event_t(cfg, run_dir)))
+    _traceback_on_signal(run_dir / "traces" / f"rank{transport.rank}.txt")
+    comm = open_data_comm()
+    from gyre_hpc.live.secret import share_job_secret
+
+    with _abort_world_on_error(transport.rank, run_dir):
+        share_job_secret(comm, run_dir)  # every listener of the job requires it (gyre_hpc/auth.py)
+        cfg = _shared_initial_model(loaded, run_dir, comm, transport.rank)
+        try:
+            return _role(cfg, args, run_dir, transport, comm, preemption)
+        finally:
+            preemption.ignore()  # a late signal must not kill this rank in MPI_Finalize (live/preempt.py)
+
+
+def _shared_initial_model(cfg, run_dir: Path, comm, rank: int):
+    """Ranks started without the launcher (srun, submitit) on a new run: rank 0 writes RUN_DIR/model/init (if the
+    launcher has not), the others wait for it (a broadcast), then every rank derives the same config. ``cfg`` is
+    the config as loaded, alike on every rank, so every rank takes the same branch."""
+    from gyre_hpc.models import run_init
+
+    if not run_init.wanted(cfg.model):
+        return cfg
+    if rank == 0:
+        run_init.materialise(cfg, run_dir)
+    comm.bcast(None, root=0)
+    return run_init.for_run(cfg, run_dir)
+
+
+def _check_resume_files(run_dir: Path) -> None:
+    """A rank started on a RUN_DIR with a resume state (the requeued SLURM job): every file it needs is there,
+    checked before MPI starts (a ``CheckpointError`` naming the first one missing, alike on every rank)."""
+    from gyre_hpc import resume
+
+    if resume.exists(run_dir):
+        resume.check_files(run_dir, resume.load(run_dir))
+
+
+def _last_event_t(cfg, run_dir: Path) -> float:
+    """Where a resumed run's time line starts: after the last event of the earlier segments (0 for a new run)."""
+    from gyre_hpc import resume
+    from gyre_hpc.allocator.eventlog import read_events
+
+    path = run_dir / cfg.allocator.events_file
+    if not resume.exists(run_dir) or not path.is_file():
+        return 0.0
+    try:
+        return max((float(e.get("t", 0.0)) for e in read_events(path)), default=0.0) + 1e-3
+    except (GyreError, ValueError, TypeError):
+        return 0.0
+
+
+@contextlib.contextmanager
+def _abort_world_on_error(rank: int, run_dir: Path | None = None):
+    """A rank that raises ends the whole MPI world at once (MPI_Abort), after printing why: otherwise the
+    other ranks wait for it in a collective (or MPI_Finalize's fence) and the job hangs instead of failing."""
+    try:
+        yield
+    except BaseException:
+        import traceback
+
+        from mpi4py import MPI
+
+        print(f"gyre train: rank {rank} failed; ending the MPI world", file=sys.stderr)
+        exc = sys.exc_info()[1]
+        if run_dir is not None and not isinstance(exc, KeyboardInterrupt):  # the launcher reports it as "error"
+            with contextlib.suppress(OSError):
+                (run_dir / "errors").mkdir(exist_ok=True)
+                (run_dir / "errors" / f"rank{rank}.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+
+def _role(cfg, args: argparse.Namespace, run_dir: Path, transport, comm, preemption) -> int:
+    if transport.rank == 0:
+        from gyre_hpc.live import lost
+        from gyre_hpc.live.root import run_root
+
+        # under gyre train a SIGTERM on rank 0 is mpirun tearing the job down (a rank died): save, exit 69
+        teardown = lost.Teardown().install() if os.environ.get(LAUNCHED_ENV) else None
+        out = run_root(cfg, run_dir, transport, comm, preemption, teardown)
+        if out.get("rank_lost"):
+            print(f"gyre train: rank 0: {out['rank_lost']}; resume state: {out.get('saved') or out.get('error')}",
+                  file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(lost.RANK_LOST_EXIT)  # MPI_Finalize would wait for the rank that is gone
+        if out.get("preempted") and not out.get("saved"):
+            raise GyreError(f"preempted ({out['preempted']}), but the resume state could not be saved: "
+                            f"{out.get('error')}; the last checkpoint is {run_dir / 'checkpoints' / 'latest'}")
+        preempted = bool(out.get("preempted"))
+        if not preempted:
+            print_summary(out, args.json)  # the job's output ends with the summary
+        if out.get("error"):  # stopped in order, but failed (data loss): the step fails
+            return 1
+    else:
+        from gyre_hpc.live.cell_runner import CellRunner
+
+        proxy_url = comm.bcast(None, root=0)
+        runner = CellRunner(cfg, run_dir, transport, comm, proxy_url, preemption)
+        runner.run()
+        preempted = runner.preempted
+    return PREEMPTED_EXIT if preempted else 0
+
+
+def _traceback_on_signal(path: Path) -> None:
+    """``kill -USR2 PID`` makes a rank append every thread's stack to ``path``: how to see where a hung rank is.
+    ``gyre train`` signals every rank when it is interrupted (Ctrl-C, a second SIGTERM, a test's timeout).
+    (SIGUSR1 is the preemption signal: live/preempt.py.)"""
+    import faulthandler
+    import signal
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    faulthandler.register(signal.SIGUSR2, file=open(path, "a"), all_threads=True)  # noqa: SIM115 (kept open)
+
+
+def print_summary(summary: dict, as_json: bool) -> None:
+    """The run's summary: one JSON object with ``as_json``, else one line."""
+    if as_json:
+        print(json.dumps(summary))
+        return
+    rf, rl = summary.get("reward_first"), summary.get("reward_last")
+    print(f"{summary['policy']}: {summary['steps']} steps in {summary['wall_s']:.0f}s, "
+          f"switches r->t {summary.get('switches_r2t')} t->r {summary.get('switches_t2r')}, "
+          f"reward {rf if rf is None else round(rf, 3)} -> {rl if rl is None else round(rl, 3)}, "
+          f"staleness mean {summary.get('staleness_mean', 0):.2f} max {summary.get('staleness_max')}; "
+          f"run directory {summary['run_dir']}")
