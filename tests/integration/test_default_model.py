@@ -116,7 +116,7 @@ class BcastDouble:
 
 
 def test_ranks_started_without_the_launcher_share_the_one_that_rank_0_writes(run_dir, cache, tmp_path):
-    from jobs.train import _shared_initial_model
+    from gyre_hpc.live.rank import _shared_initial_model
 
     cfg = load_config(CONFIG)
     comms = [BcastDouble(), BcastDouble()]
