@@ -56,9 +56,9 @@ def report(res: dict, args: argparse.Namespace) -> str:
         f"--max-new-tokens {args.max_new_tokens}`",
         f"- machine: 2-core shared CPU ({platform.machine()}, Python {platform.python_version()}), "
         f"date {datetime.date.today().isoformat()}; both engines up at once, repeats interleaved, medians",
-        "- local engine: megatron GPTModel vocab 256, hidden 64, 2 layers, 1 torch thread, no KV cache; SGLang "
-        "0.5.23 (--device cpu, torch_native attention): HF Qwen3 vocab 1024, hidden 64, 2 layers (not the same "
-        "checkpoint)", "",
+        "- one checkpoint on both sides: a tiny HF Qwen3 from `gyre model init` (vocab 1024, hidden 64, 2 layers, "
+        "head_dim 16); local engine: megatron GPTModel loaded from it (model.hf_path), 1 torch thread, no KV cache; "
+        "SGLang 0.5.23 (--device cpu, torch_native attention) serving the directory", "",
         "| concurrent requests | local tok/s (median) | SGLang tok/s (median) | SGLang / local | local runs | "
         "SGLang runs |",
         "|---|---|---|---|---|---|",
