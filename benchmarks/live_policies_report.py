@@ -154,6 +154,13 @@ def pull_table(data: dict) -> list[str]:
     return lines
 
 
+def _shown(config: str) -> str:
+    """The config path as a reader finds it: relative to the repository when it is inside it."""
+    path = Path(config).resolve()
+    root = Path(__file__).resolve().parents[1]
+    return str(path.relative_to(root)) if path.is_relative_to(root) else config
+
+
 def render(data: dict, out: Path, results: Path, notes: str = "") -> Path:
     curves = {p: [r.get("rewards") or [] for r in _ok(data["records"], p)] for p in data["policies"]}
     compare.plot_rewards(curves, out / "rewards.png")
@@ -167,7 +174,7 @@ def render(data: dict, out: Path, results: Path, notes: str = "") -> Path:
         f"1-minute load average before the runs {_f(min(loads, default=None), 1)}–{_f(max(loads, default=None), 1)} "
         "(other engineers' jobs): absolute seconds are noisy, read the same-run ratios.",
         f"- Date: {data['started']} – {data.get('finished', '(unfinished)')}",
-        f"- Config: `{Path(data['config']).relative_to(Path(data['config']).parents[2])}`, {data['steps']} optimizer "
+        f"- Config: `{_shown(data['config'])}`, {data['steps']} optimizer "
         f"steps, {data['reps']} repetitions, policies interleaved per repetition ({', '.join(data['policies'])}); "
         "same seed and staleness target for all, only `scheduler.policy` differs.",
         f"- Wall = seconds from the first admission to the {data['steps']}-th optimizer step (events.jsonl, "
