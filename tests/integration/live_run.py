@@ -20,11 +20,12 @@ def launcher_env() -> dict[str, str]:
     return env
 
 
-def run_live(out: Path, overrides: list[str], returncode: int = 0,
-             config: str = "local.yaml", timeout_s: float = TIMEOUT_S) -> tuple[dict, Path, str]:
+def run_live(out: Path, overrides: list[str], returncode: int = 0, config: str = "local.yaml",
+             timeout_s: float = TIMEOUT_S, path: list[str] = ()) -> tuple[dict, Path, str]:
     """(summary, run directory, stderr) of a live run of ``configs/<config>`` under ``out`` that exits with
-    ``returncode``; on a timeout the test fails with the ranks' stacks."""
+    ``returncode``; on a timeout the test fails with the ranks' stacks. ``path``: more PYTHONPATH entries (a plugin)."""
     env = launcher_env()
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], *path])
     cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(ROOT / "configs" / config), "--json",
            "--set", f"run.out_dir={out}"] + [a for o in overrides for a in ("--set", o)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)

@@ -5,12 +5,10 @@ what is checked is that the live run finishes its 2 steps with every run graded 
 its calls recorded through the OpenAI endpoint, and mini-swe-agent's own exit named in each outcome.
 """
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from live_run import launcher_env
+from live_run import run_live
 
 from gyre_hpc.agents.mswea import default_venv
 from gyre_hpc.models.init import init_model
@@ -18,7 +16,6 @@ from gyre_hpc.trajectory.records import RunStatus, read_tito
 
 pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow, pytest.mark.timeout(1800)]
 
-ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 1500
 
 
@@ -26,19 +23,8 @@ def test_gyre_train_swe_mswea_runs_mini_swe_agent_for_two_steps(tmp_path):
     if not (default_venv() / "bin" / "python").is_file():  # CI installs it: missing is a failure, never a skip
         pytest.fail("no mini-swe-agent venv: run `bash scripts/setup.sh --mini-swe-agent`")
     model = init_model("qwen3", tmp_path / "tiny-qwen3", vocab=1024, context=16384)
-    env = launcher_env()
-    cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(ROOT / "configs" / "swe_local.yaml"), "--json",
-           "--set", f"run.out_dir={tmp_path / 'runs'}", "--set", f"model.hf_path={model}",
-           "--set", "scheduler.batch_groups=1", "--set", "agent.timeout_s=240"]  # short: 2 steps of 1 group
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    try:
-        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # gyre train dumps its ranks' stacks and ends mpirun's session
-        stdout, stderr = proc.communicate(timeout=60)
-        pytest.fail(f"the live run did not finish in {TIMEOUT_S} s:\n{stderr[-3000:]}")
-    assert proc.returncode == 0, stderr[-4000:]
-    summary = json.loads(stdout.strip().splitlines()[-1])
+    overrides = [f"model.hf_path={model}", "scheduler.batch_groups=1", "agent.timeout_s=240"]  # 2 steps of 1 group
+    summary, _, _ = run_live(tmp_path / "runs", overrides, config="swe_local.yaml", timeout_s=TIMEOUT_S)
     assert summary["steps"] == 2 and summary["runs_lost"] == 0
     steps = [json.loads(line) for line in Path(summary["run_dir"], "metrics.jsonl").read_text().splitlines()]
     assert sum(s["trained_tokens"] for s in steps) > 0  # the recorded calls reached the trainer
