@@ -25,7 +25,7 @@ def _auth() -> dict:
 
 pytestmark = [pytest.mark.engine, pytest.mark.megatron, pytest.mark.slow]
 
-MODEL = ModelConfig()  # vocab 256, hidden 64, 2 layers: the embedded CPU default
+MODEL = ModelConfig()  # the embedded CPU default (tiny Qwen3 format)
 ENGINE = EngineConfig(max_running_requests=8, context_len=256, startup_timeout_s=180.0, request_timeout_s=120.0)
 SEED = 0
 PROMPT = [5, 17, 42, 99, 3]
@@ -94,6 +94,8 @@ def _start_and_hold(client, rid, max_new_tokens=200, seed=11):
                                                                 "sampling_seed": seed}, rid=rid)
     _wait(lambda: _generated(client) > before)
     client.pause("in_place")
+    load = client.loads()
+    assert load.running + load.waiting >= 1, f"{rid} finished before the pause: give it more max_new_tokens"
     return bg
 
 
@@ -229,7 +231,7 @@ def test_a_caller_that_hangs_up_frees_its_request(client, engine):
 
 
 def test_pause_in_place_holds_requests_and_refuses_flush_until_continue(client):
-    bg = _start_and_hold(client, "held", max_new_tokens=40)
+    bg = _start_and_hold(client, "held", max_new_tokens=200)
     try:
         frozen = _generated(client)
         time.sleep(0.3)
@@ -242,13 +244,13 @@ def test_pause_in_place_holds_requests_and_refuses_flush_until_continue(client):
     finally:
         client.resume()
     res = bg.join()
-    assert res.finish_reason == "length" and len(res.output_ids) == 40
+    assert res.finish_reason == "length" and len(res.output_ids) == 200
 
 
 def test_retract_requeues_and_resumes_to_the_same_tokens(client):
-    params = {"max_new_tokens": 40, "sampling_seed": 77}
+    params = {"max_new_tokens": 200, "sampling_seed": 77}  # long enough to be mid-generation when paused
     straight = client.generate(PROMPT, params)
-    bg = _start_and_hold(client, "retracted", max_new_tokens=40, seed=77)
+    bg = _start_and_hold(client, "retracted", max_new_tokens=200, seed=77)
     try:
         client.pause("retract")
         load = client.loads()

@@ -24,7 +24,7 @@ from gyre_hpc.trajectory.records import read_tito
 
 pytestmark = [pytest.mark.engine, pytest.mark.megatron, pytest.mark.slow, pytest.mark.serial]
 
-MODEL = ModelConfig()  # vocab 256, hidden 64, 2 layers: the embedded CPU default
+MODEL = ModelConfig()  # the embedded CPU default (tiny Qwen3 format)
 ENGINE = EngineConfig(max_running_requests=8, context_len=256, request_timeout_s=120.0)
 PROMPT = [5, 17, 42, 99, 3]
 GREEDY = {"temperature": 0.0}
@@ -275,7 +275,7 @@ def test_a_call_waits_for_an_engine_when_none_serves_and_fails_clearly_if_none_c
 
 def test_killing_an_engine_mid_generation_loses_no_call(cluster, proxy, engines, tmp_path):
     """Runs last: e1's process is killed (SIGKILL by PID) while calls run on both engines."""
-    n = 120
+    n = 240  # long enough that e1's calls are still mid-generation when it is paused, on a loaded machine
     prompts = {f"q8-r{i}": PROMPT + [i] for i in range(4)}
     reference = {run: engines["e0"].generate(p, {"max_new_tokens": n, **GREEDY}).output_ids
                  for run, p in prompts.items()}
@@ -289,6 +289,7 @@ def test_killing_an_engine_mid_generation_loses_no_call(cluster, proxy, engines,
         before = _generated(engines["e1"])
         _wait(lambda: _generated(engines["e1"]) > before)
         engines["e1"].pause("in_place")  # its calls are mid-generation when it dies
+        assert engines["e1"].loads().running == on_victim, "e1's calls finished before the pause"
         os.kill(victim.pid, signal.SIGKILL)
         results = {run: f.result(90) for run, f in futs.items()}
     victim.process.wait(10)
