@@ -2,10 +2,13 @@
 
 ``WallClock`` is real time (seconds since the clock was made, from ``time.monotonic``); ``ManualClock`` is
 virtual time that moves only when someone sleeps on it or advances it, so a test of a polling loop with
-timeouts runs instantly and deterministically.
+timeouts runs instantly and deterministically. ``wall()`` is the clock's epoch stamp (seconds since 1970 for
+``WallClock``, for records other processes compare: TITO call times, groups.jsonl); durations take ``now()``.
+This module is the one place that calls ``time`` (tests/unit/test_clock_only.py holds the rest of gyre_hpc to it).
 
 Invariants
-- ``now()`` never decreases, for both clocks.
+- ``now()`` never decreases, for both clocks; ``ManualClock.wall()`` moves with its ``now()`` (from the epoch
+  stamp ``wall0``, by default the real one when the clock was made), so it never decreases either.
 - ``ManualClock.sleep(dt)`` advances ``now()`` by exactly ``dt``; a negative duration is a ``ValueError``
   (a caller computing a negative wait has a bug).
 - ``ManualClock`` is safe to share between threads (one lock guards the time and the hooks).
@@ -29,6 +32,9 @@ class Clock(Protocol):
     def sleep(self, dt: float) -> None:
         """Wait ``dt`` seconds of this clock's time."""
 
+    def wall(self) -> float:
+        """An epoch stamp for records that other processes read (not for durations: take ``now()``)."""
+
 
 class WallClock:
     """Real time: ``now()`` is seconds since construction (monotonic, immune to wall-clock jumps)."""
@@ -39,6 +45,9 @@ class WallClock:
     def now(self) -> float:
         return time.monotonic() - self._t0
 
+    def wall(self) -> float:
+        return time.time()
+
     def sleep(self, dt: float) -> None:
         if dt < 0:
             raise ValueError(f"cannot sleep a negative duration ({dt} s)")
@@ -48,8 +57,9 @@ class WallClock:
 class ManualClock:
     """Virtual time for tests. ``on_sleep`` hooks run after every sleep (a scripted world acts there)."""
 
-    def __init__(self, t0: float = 0.0) -> None:
+    def __init__(self, t0: float = 0.0, wall0: float | None = None) -> None:
         self._t = float(t0)
+        self._wall0 = (time.time() if wall0 is None else float(wall0)) - self._t  # wall() at now() == 0
         self._lock = threading.RLock()
         self.on_sleep: list[Callable[[float], None]] = []
         self.slept: list[float] = []
@@ -57,6 +67,9 @@ class ManualClock:
     def now(self) -> float:
         with self._lock:
             return self._t
+
+    def wall(self) -> float:
+        return self._wall0 + self.now()
 
     def advance(self, dt: float) -> float:
         """Move time forward by ``dt`` without running the hooks; returns the new time."""

@@ -26,12 +26,12 @@ Invariants
 """
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
 from gyre_hpc.agents.harness import Harness, read_runs
+from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.config import AgentConfig, EngineConfig, ModelConfig, TrainConfig, TrajectoryConfig
 
 
@@ -74,8 +74,9 @@ EVAL_BASE = 1_000_000
 def run_closed_loop(agent: AgentConfig, model: ModelConfig, train: TrainConfig, trajectory: TrajectoryConfig,
                     engine: EngineConfig, *, steps: int, groups_per_step: int, seed: int, work_dir: str | Path,
                     epochs: int = 1, eval_groups: int = 0,
-                    on_step: Callable[[StepRecord], None] | None = None) -> LoopResult:
+                    on_step: Callable[[StepRecord], None] | None = None, clock: Clock | None = None) -> LoopResult:
     """``steps`` RL steps (each record also handed to ``on_step`` as it ends), evaluated before and after."""
+    clock = clock or WallClock()  # the steps' rollout / train / sync seconds
     from gyre_hpc.engines.launch import free_port, start_local_engine
     from gyre_hpc.engines.weight_sync import WeightPusher, engine_tensors
     from gyre_hpc.engines.weights import save_weights
@@ -105,15 +106,15 @@ def run_closed_loop(agent: AgentConfig, model: ModelConfig, train: TrainConfig, 
             pusher = WeightPusher(client, host=engine.host)
             before = evaluate("eval-before")
             for step in range(steps):
-                t0, version = time.perf_counter(), trainer.version
+                t0, version = clock.now(), trainer.version
                 log = rollout(f"step{step:03d}", range(step * groups_per_step, (step + 1) * groups_per_step))
-                t1 = time.perf_counter()
+                t1 = clock.now()
                 batch, report = build_batch(log, trajectory)
                 metrics, epochs_done = None, []
                 for _ in range(epochs if report.trained_tokens else 0):  # epochs > 1: use train.loss=ppo
                     metrics = trainer.step(batch)
                     epochs_done.append(metrics)
-                t2 = time.perf_counter()
+                t2 = clock.now()
                 exported = trainer.export_weights()
                 pusher.push(engine_tensors(exported, model), str(trainer.version))
                 save_weights(work / "weights", exported, str(trainer.version))  # for gyre model export, not the engine
@@ -122,7 +123,7 @@ def run_closed_loop(agent: AgentConfig, model: ModelConfig, train: TrainConfig, 
                                  len(log.outcomes), len(scores), report.trained_tokens,
                                  None if metrics is None else metrics["loss"], dict(report.branches),
                                  tuple(sorted({int(v) for c in log.calls for v in c.output_versions})),
-                                 t1 - t0, t2 - t1, time.perf_counter() - t2, **agreement.combine(epochs_done))
+                                 t1 - t0, t2 - t1, clock.now() - t2, **agreement.combine(epochs_done))
                 records.append(rec)
                 if on_step is not None:
                     on_step(rec)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -43,6 +42,7 @@ import numpy as np
 from gyre_hpc import auth
 from gyre_hpc.agents.env import Episode, Generate, Tool, rid_for
 from gyre_hpc.agents.workload import Workload
+from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.config import AgentConfig
 from gyre_hpc.engines.client import KEEPALIVE, AsyncEngineClient
 from gyre_hpc.engines.protocol import GenerateResult
@@ -87,7 +87,7 @@ class Harness:
     def __init__(self, cfg: AgentConfig, url: str, out_dir: str | Path, *, vocab_size: int, seed: int,
                  proxy: bool = False, context_len: int | None = None, engine_name: str | None = None,
                  request_timeout_s: float = 600.0, connect_retries: int = 3,
-                 post_transport: httpx.AsyncBaseTransport | None = None):
+                 post_transport: httpx.AsyncBaseTransport | None = None, clock: Clock | None = None):
         if context_len is not None and cfg.context_budget > context_len:
             raise ConfigError(f"agent.context_budget: {cfg.context_budget} exceeds the engine's context length "
                               f"(engine.context_len={context_len})")
@@ -97,6 +97,7 @@ class Harness:
         self.engine_name = engine_name or url
         self._client_args = dict(timeout=request_timeout_s, connect_retries=connect_retries)
         self.post_transport = post_transport  # the outcome posts' transport (default: pooled, KEEPALIVE)
+        self.clock = clock or WallClock()  # wall(): the calls' and outcomes' stamps in TITO
 
     def run(self, groups: Sequence[int]) -> list[RunResult]:
         """Run the groups of these query indices concurrently (all their runs at once); blocks."""
@@ -134,14 +135,15 @@ class Harness:
         try:
             async with asyncio.timeout(self.cfg.timeout_s):
                 await self._drive(client, ep, calls, inflight)
-            outcome = ep.outcome(time.time())
+            outcome = ep.outcome(self.clock.wall())
         except TimeoutError:
             await self._abort(client, inflight.get("rid"))
-            outcome = ep.timeout_outcome(time.time())
+            outcome = ep.timeout_outcome(self.clock.wall())
         except EngineError as exc:
-            outcome = ep.aborted_outcome(time.time(), str(exc))
+            outcome = ep.aborted_outcome(self.clock.wall(), str(exc))
         except BaseException as exc:  # a bug or a cancelled harness: still no run is lost
-            self._write(ep, calls, ep.aborted_outcome(time.time(), f"harness stopped: {type(exc).__name__}: {exc}"))
+            self._write(ep, calls, ep.aborted_outcome(self.clock.wall(),
+                                                      f"harness stopped: {type(exc).__name__}: {exc}"))
             raise
         path = self._write(ep, calls, outcome)
         return RunResult(ep.run_id, outcome, tuple(calls), path, dict(ep.kinds), await _post(posts, outcome))
@@ -170,7 +172,7 @@ class Harness:
             call_id = action.call_id if attempt == 0 else f"{action.call_id}a{attempt}"
             inflight["rid"] = rid = rid_for(ep.run_id, call_id)
             params = self.workload.sampling_params(action.max_new_tokens, ep.run_id, call_id)
-            t0 = time.time()
+            t0 = self.clock.wall()
             try:
                 res = await client.generate(action.input_ids, params, rid=rid, return_logprob=True)
             except EngineError as exc:
@@ -181,7 +183,8 @@ class Harness:
                 last = str(exc)
                 continue
             inflight.pop("rid", None)
-            calls.append(result_call(ep.run_id, ep.query_id, call_id, action, res, self.engine_name, t0, time.time()))
+            calls.append(result_call(ep.run_id, ep.query_id, call_id, action, res, self.engine_name, t0,
+                                     self.clock.wall()))
             if not res.aborted:
                 return list(res.output_ids)
             last = f"finish_reason abort after {len(res.output_ids)} token(s)"

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -32,6 +31,7 @@ from gyre_hpc import auth
 from gyre_hpc.agents.harness import RunResult, _post
 from gyre_hpc.agents.plugins import Plugins, grade_run, load_plugins, run_agent, run_status
 from gyre_hpc.agents.repo_tasks import RepoTask, load_tasks, make_workspace
+from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.config import AgentConfig, GraderConfig
 from gyre_hpc.engines.client import KEEPALIVE
 from gyre_hpc.errors import ConfigError
@@ -52,7 +52,7 @@ def run_base_url(proxy_url: str, run_id: str) -> str:
 class PluginHarness:
     def __init__(self, agent: AgentConfig, grader: GraderConfig, url: str, out_dir: str | Path,
                  plugins: Plugins | None = None, tasks: Sequence[RepoTask] | None = None,
-                 workspace_parent: str | Path | None = None):
+                 workspace_parent: str | Path | None = None, clock: Clock | None = None):
         if tasks is None:
             if agent.tasks_dir is None:
                 raise ConfigError("agent.tasks_dir: plugin agents need a tasks directory (e.g. tasks/)")
@@ -63,6 +63,7 @@ class PluginHarness:
         self.plugins = plugins if plugins is not None else load_plugins(agent, grader)
         self.tasks = tuple(tasks)
         self.workspace_parent = workspace_parent
+        self.clock = clock or WallClock()  # wall(): the outcomes' stamps in TITO
 
     def task_of(self, gid: int) -> RepoTask:
         return self.tasks[gid % len(self.tasks)]
@@ -93,13 +94,14 @@ class PluginHarness:
             if status is RunStatus.TIMEOUT_PARTIAL and not self.cfg.partial_scoring:
                 status, score = RunStatus.TIMEOUT_UNSCORABLE, None
             detail = f"task {task.name}; agent {agent.status}: {agent.detail[-300:]}; grade: {grade.detail}"
-            outcome = Outcome(run_id, query_id, status, score, time.time(), detail)
+            outcome = Outcome(run_id, query_id, status, score, self.clock.wall(), detail)
         except Exception as exc:  # noqa: BLE001 - the harness's own failure: the run still gets an outcome
-            outcome = Outcome(run_id, query_id, RunStatus.ABORTED, None, time.time(),
+            outcome = Outcome(run_id, query_id, RunStatus.ABORTED, None, self.clock.wall(),
                               f"task {task.name}: harness error {type(exc).__name__}: {exc}")
         except BaseException as exc:  # the harness itself is cancelled: still no run is lost
             write_tito(self.out_dir / f"{run_id}.jsonl", [], [Outcome(
-                run_id, query_id, RunStatus.ABORTED, None, time.time(), f"harness stopped: {type(exc).__name__}")])
+                run_id, query_id, RunStatus.ABORTED, None, self.clock.wall(),
+                f"harness stopped: {type(exc).__name__}")])
             raise
         finally:
             if workspace is not None:

@@ -22,11 +22,10 @@ from __future__ import annotations
 import collections
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
-from gyre_hpc.clock import Clock
+from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.errors import ProtocolError
 from gyre_hpc.jsonl import scan
 
@@ -36,6 +35,7 @@ class EventLog:
                  keep: int = 10_000):
         self.path = Path(path) if path is not None else None
         self.clock, self.source = clock, source
+        self._stamps = clock or WallClock()  # wall(): the epoch stamp (``t`` itself when no clock was given)
         self.events: collections.deque[dict] = collections.deque(maxlen=keep)
         self._fd: int | None = None
         if self.path is not None:
@@ -47,9 +47,9 @@ class EventLog:
         as written."""
         body = {"event": record, **fields} if isinstance(record, str) else {**record, **fields}
         if self.clock is not None:
-            head: dict[str, Any] = {"t": round(self.clock.now(), 6), "wall": round(time.time(), 6)}
+            head: dict[str, Any] = {"t": round(self.clock.now(), 6), "wall": round(self._stamps.wall(), 6)}
         else:
-            head = {"t": time.time()}
+            head = {"t": self._stamps.wall()}
         rec = {**head, **({"source": self.source} if self.source is not None else {}), **body}
         self.events.append(rec)
         if self._fd is not None:

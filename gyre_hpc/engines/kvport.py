@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import collections
 import itertools
-import time
 
 import numpy as np
 
+from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.config import TransferConfig
 from gyre_hpc.engines.kvexport import KVBundle
 from gyre_hpc.engines.kvprefix import describe
@@ -33,8 +33,9 @@ RETRY_AFTER_S = 0.5
 
 
 class KVPort:
-    def __init__(self, cfg: TransferConfig):
+    def __init__(self, cfg: TransferConfig, clock: Clock | None = None):
         self.cfg = cfg
+        self.clock = clock or WallClock()  # the wait before a failed read is retried
         self._engine = None
         self._location = ""
         self._staged: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
@@ -83,6 +84,6 @@ class KVPort:
             if rc == 0:
                 return dst[:n].copy()
             self._pull.quarantine()  # a failed read may still land: never reuse that buffer
-            time.sleep(RETRY_AFTER_S)
+            self.clock.sleep(RETRY_AFTER_S)
         raise TransferError(f"KV transfer from {desc['location']} failed (rc {rc}; {n} bytes, {len(offs)} chunks, "
                             f"{1 + PULL_RETRIES} attempts; reason on stderr)")

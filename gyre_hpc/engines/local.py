@@ -32,7 +32,7 @@ import contextlib
 import dataclasses
 import os
 import sys
-import time
+import uuid
 from datetime import datetime, timezone
 
 from fastapi import FastAPI, Request
@@ -229,7 +229,8 @@ class LocalEngine:
         return Response(status_code=200)
 
     async def health_generate(self):
-        req = P.GenerateRequest(f"HEALTH_CHECK_{time.time()}", (0,), P.SamplingParams(max_new_tokens=1, temperature=0))
+        req = P.GenerateRequest(f"HEALTH_CHECK_{uuid.uuid4().hex}", (0,),
+                                P.SamplingParams(max_new_tokens=1, temperature=0))
         try:
             await asyncio.wait_for(self.s.generate(req), HEALTH_TIMEOUT_S)
         except asyncio.TimeoutError:

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 import numpy as np
 
+from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.config import EngineConfig
 from gyre_hpc.engines.policy import Policy
 from gyre_hpc.engines.protocol import (
@@ -55,7 +55,7 @@ class _Running:
     max_new: int
     rng: np.random.Generator
     future: asyncio.Future
-    t0: float = field(default_factory=time.perf_counter)
+    t0: float  # on the scheduler's clock, when the request came
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[str] = field(default_factory=list)
@@ -66,8 +66,9 @@ class _Running:
 
 
 class Scheduler:
-    def __init__(self, policy: Policy, cfg: EngineConfig, seed: int = 0):
+    def __init__(self, policy: Policy, cfg: EngineConfig, seed: int = 0, clock: Clock | None = None):
         self.policy = policy
+        self.clock = clock or WallClock()  # e2e latencies and the device-tick floor
         self.cfg = cfg
         self.version = cfg.initial_weight_version
         self.paused: str | None = None
@@ -102,7 +103,8 @@ class Scheduler:
             raise EngineError(f"engine overloaded: {len(self.waiting)} requests waiting", status=503)
         seed = req.sampling.sampling_seed
         rng = np.random.default_rng(self._seeds.spawn(1)[0] if seed is None else seed)
-        r = _Running(req, min(req.sampling.max_new_tokens, room), rng, asyncio.get_running_loop().create_future())
+        r = _Running(req, min(req.sampling.max_new_tokens, room), rng, asyncio.get_running_loop().create_future(),
+                     self.clock.now())
         self._active[req.rid] = r
         self.waiting.append(r)
         if r.max_new == 0:
@@ -131,7 +133,7 @@ class Scheduler:
         if not r.future.done():
             r.future.set_result(generate_response(
                 r.req.rid, len(r.req.input_ids), r.output_ids, r.logprobs if r.req.return_logprob else None,
-                r.versions, self.version, finish, time.perf_counter() - r.t0, r.cached_tokens))
+                r.versions, self.version, finish, self.clock.now() - r.t0, r.cached_tokens))
 
     # ------------------------------------------------------------------------------------------- control
     async def pause(self, mode: str) -> None:
@@ -214,7 +216,7 @@ class Scheduler:
             batch, version = list(self.running), self.version
             if not batch:
                 return
-            t0 = time.perf_counter()
+            t0 = self.clock.now()
             if self.kv is None:
                 logits = await asyncio.to_thread(self.policy.next_token_logits, [r.tokens() for r in batch])
             else:
@@ -223,7 +225,7 @@ class Scheduler:
                 self.kv.commit(work, version)
             if self.cfg.device_tick_s > 0:
                 floor = self.cfg.device_tick_s * (1.0 + len(batch) / self.cfg.device_half_load)
-                await asyncio.sleep(floor - (time.perf_counter() - t0))
+                await asyncio.sleep(floor - (self.clock.now() - t0))
             self.forward_calls += 1
             for r, row in zip(batch, logits):
                 if r.req.rid in self._active and self._active[r.req.rid] is r:

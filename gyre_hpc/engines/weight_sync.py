@@ -36,12 +36,12 @@ Invariants
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 from typing import Any, Mapping
 
 import torch
 
+from gyre_hpc.clock import Clock, WallClock, wait_until
 from gyre_hpc.config import ModelConfig
 from gyre_hpc.errors import EngineError
 
@@ -150,8 +150,9 @@ class WeightPusher:
     """Pushes versions into one engine (``client``: an ``EngineClient``) over a group it opens once."""
 
     def __init__(self, client, host: str = "127.0.0.1", backend: str = "gloo", retries: int = 2,
-                 timeout_s: float = 60.0, group_name: str = GROUP_NAME):
+                 timeout_s: float = 60.0, group_name: str = GROUP_NAME, clock: Clock | None = None):
         self.client, self.host, self.backend = client, host, backend
+        self.clock = clock or WallClock()  # push timings and the broadcasts' deadline
         self.retries, self.timeout_s, self.group_name = retries, timeout_s, group_name
         self.pg = None
         self.attempts: list[dict] = []  # failed attempts (version, error)
@@ -202,7 +203,7 @@ class WeightPusher:
         names = list(tensors)
         device = "cuda" if self.backend == "nccl" else "cpu"  # nccl moves GPU tensors only (untested here: no GPU)
         ts = [tensors[n].detach().to(device).contiguous() for n in names]
-        t0 = time.perf_counter()
+        t0 = self.clock.now()
         self.client.pause("in_place")  # SGLang waits for running requests unless paused; in_place keeps them
         try:
             self.client.begin_weight_update()
@@ -218,21 +219,21 @@ class WeightPusher:
                 _quietly(self.client.end_weight_update)  # the attempt's own error (if any) is the one to report
         finally:
             self.client.resume()  # the held requests go on; their next tokens carry the new version
-        seconds = time.perf_counter() - t0
+        seconds = self.clock.now() - t0
         nbytes = sum(t.numel() * t.element_size() for t in ts)
         return {"seconds": seconds, "bytes": nbytes, "gb_per_s": nbytes / max(seconds, 1e-9) / 1e9,
                 "tensors": len(ts)}
 
     def _wait(self, works: list, call: _Call) -> None:
         """Wait for the broadcasts; stop early when the engine refused the update (it will not receive)."""
-        deadline = time.monotonic() + self.timeout_s
+        def received() -> bool:
+            if not call.is_alive() and call.error is not None:
+                raise call.error
+            return all(w.is_completed() for w in works)
+
+        if not wait_until(received, self.timeout_s, self.clock, poll_s=0.001):
+            raise EngineError(f"broadcast not received within {self.timeout_s} s")
         for w in works:
-            while not w.is_completed():
-                if not call.is_alive() and call.error is not None:
-                    raise call.error
-                if time.monotonic() > deadline:
-                    raise EngineError(f"broadcast not received within {self.timeout_s} s")
-                time.sleep(0.001)
             w.wait()
 
     def reset(self, remote: bool = True) -> None:

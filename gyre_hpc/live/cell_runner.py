@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import time
 from pathlib import Path
 
 from gyre_hpc.allocator.cell_link import CellLink
@@ -69,7 +68,7 @@ class CellRunner:
         self.cell = transport.rank - 1
         self.link = CellLink(transport, self.cell, cfg.allocator.heartbeat_interval_s)
         self.is_core = self.cell == CORE
-        self.rollout = RolloutSide(cfg, self.run_dir, self.cell, proxy_url)
+        self.rollout = RolloutSide(cfg, self.run_dir, self.cell, proxy_url, clock=self.clock)
         self.trainer: CoreTrainer | SatelliteTrainer | None = None
         self.role = Role.ROLLOUT
         self.switches: list[dict] = []
@@ -82,10 +81,15 @@ class CellRunner:
         self.failed = ""  # why the cell gave up (CellFailed sent): it ends without Bye
         self.final_version: str | None = None  # the engine's /model_info weight_version when the cell ended
 
+    @property
+    def clock(self):
+        """The rank's one clock (the transport's): switch timings, waits and the core's final draining."""
+        return self.link.clock
+
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict:
         if self.is_core:  # the only optimizer state; built before Hello (no heartbeat is due yet)
-            self.trainer = CoreTrainer(self.cfg, self.run_dir)
+            self.trainer = CoreTrainer(self.cfg, self.run_dir, self.clock)
         welcome = self.link.hello(self.cfg.allocator.hello_timeout_s)
         self.role = welcome.role
         if self.role is Role.ROLLOUT:
@@ -112,7 +116,7 @@ class CellRunner:
                     self.rollout.refresh()
         finally:
             if self.is_core:  # take what satellites still send, so none of them waits on the core
-                wait_until(lambda: False, 1.0, poll_s=0.01, idle=self._drop_grads)  # one second of draining
+                wait_until(lambda: False, 1.0, self.clock, poll_s=0.01, idle=self._drop_grads)  # one second of draining
             self.final_version = self.rollout.served_version()  # /model_info at the end (summary)
             self.rollout.close()
             stats = self._stats()
@@ -160,7 +164,7 @@ class CellRunner:
 
     # ------------------------------------------------------------------ switches
     def _switch(self, order: SwitchTo) -> None:
-        t0 = time.perf_counter()
+        t0 = self.clock.now()
         timing: dict = {}
         if order.role is Role.TRAIN:
             if self.rollout.running:
@@ -174,7 +178,7 @@ class CellRunner:
                 self._report()
             timing.update(self._busy(self.rollout.start))
         self.role = order.role
-        timing["total_s"] = time.perf_counter() - t0
+        timing["total_s"] = self.clock.now() - t0
         clean = {k: float(v) for k, v in timing.items() if k.endswith("_s")}
         self.link.send(SwitchDone(cell=self.cell, role=order.role, order=order.order, timing=clean))
         self.switches.append({"order": order.order, "to": order.role.value, **timing})
@@ -185,12 +189,12 @@ class CellRunner:
             return {}
         timing = {}
         if self.trainer is None:
-            t0 = time.perf_counter()
-            self.trainer = self._busy(SatelliteTrainer, self.cfg, self.run_dir)
-            timing["trainer_init_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
+            t0 = self.clock.now()
+            self.trainer = self._busy(SatelliteTrainer, self.cfg, self.run_dir, self.clock)
+            timing["trainer_init_s"] = self.clock.now() - t0
+        t0 = self.clock.now()
         pulled = self._pull()
-        timing["weight_pull_s"] = time.perf_counter() - t0
+        timing["weight_pull_s"] = self.clock.now() - t0
         timing["pulled_version"] = -1 if pulled is None else pulled["version"]
         return timing
 
@@ -206,16 +210,16 @@ class CellRunner:
             return
         group, version = reply["group"], reply["version"]
         if group is None:
-            time.sleep(0.02)
+            self.clock.sleep(0.02)
             return
-        t0 = time.perf_counter()
+        t0 = self.clock.now()
         if not self.is_core:
             try:
                 self._pull(version)
             except _RunOver:
                 return
         z, grads, loss, extra = self.trainer.grads(group)
-        seconds = time.perf_counter() - t0
+        seconds = self.clock.now() - t0
         lag = dp.lag_stats(group.batch, version, group.ready_version)
         if self.is_core:
             if self.trainer.add(version, group.gid, z, grads, loss, lag, group, extra):
@@ -231,8 +235,8 @@ class CellRunner:
             return self._busy(self.trainer.ensure, version)
         except TransferError:
             # the Shutdown may sit unread in MPI (no progress during the pull): look for a while, not just once
-            wait_until(lambda: any(isinstance(o, Shutdown) for o in self.stash), SHUTDOWN_LOOK_S, poll_s=0.0,
-                       idle=self._look_for_order)  # the look itself waits (next_order blocks up to 0.05 s)
+            wait_until(lambda: any(isinstance(o, Shutdown) for o in self.stash), SHUTDOWN_LOOK_S, self.clock,
+                       poll_s=0.0, idle=self._look_for_order)  # the look itself waits (next_order blocks up to 0.05 s)
             if any(isinstance(o, Shutdown) for o in self.stash):
                 raise _RunOver from None
             raise

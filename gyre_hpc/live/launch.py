@@ -24,9 +24,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from gyre_hpc.clock import WallClock
 from gyre_hpc.errors import ConfigError
 from gyre_hpc.io import atomic_write_text
 from gyre_hpc.openmpi import LOCAL_EXPORTS, SINGLE_HOST_EXPORTS
@@ -122,7 +122,7 @@ def _stop_ranks(proc: subprocess.Popen, run_dir: Path) -> None:
         with contextlib.suppress(psutil.Error):
             if "gyre_hpc.cli" in " ".join(p.cmdline()):
                 p.send_signal(signal.SIGUSR2)
-    time.sleep(1.0)
+    WallClock().sleep(1.0)  # the ranks write their stacks meanwhile
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     try:

@@ -36,10 +36,10 @@ import json
 import os
 import shutil
 import signal
-import time
 from pathlib import Path
 
 from gyre_hpc import resume
+from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.errors import CheckpointError
 from gyre_hpc.io import atomic_dir
 from gyre_hpc.live import preempt
@@ -56,9 +56,10 @@ REASON = "rank_lost"
 class Teardown:
     """The SIGTERM mpirun sends when it ends the job because a rank died; ``on_signal`` runs in the handler."""
 
-    def __init__(self):
+    def __init__(self, clock: Clock | None = None):
         self.signal: str | None = None
-        self.at: float | None = None
+        self.at: float | None = None  # on ``clock`` (WallClock.now is safe inside a signal handler)
+        self.clock = clock or WallClock()
 
     def install(self) -> "Teardown":
         signal.signal(signal.SIGTERM, self._handler)
@@ -66,11 +67,15 @@ class Teardown:
 
     def _handler(self, signum, frame) -> None:
         if self.signal is None:
-            self.signal, self.at = signal.Signals(signum).name, time.monotonic()
+            self.signal, self.at = signal.Signals(signum).name, self.clock.now()
 
     @property
     def requested(self) -> bool:
         return self.signal is not None
+
+    def since_s(self) -> float:
+        """Seconds since the signal (0 before it came)."""
+        return 0.0 if self.at is None else self.clock.now() - self.at
 
     def reason(self) -> str:
         return f"{REASON}: {self.signal} from mpirun (a rank of the job ended)"

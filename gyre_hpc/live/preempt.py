@@ -40,11 +40,11 @@ Invariants (tests/integration/test_preempt_resume.py)
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 from typing import Callable
 
 from gyre_hpc import resume
+from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.allocator.batches import FixedBatches
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -58,10 +58,11 @@ PENDING_STEP_TIMEOUT_S = 120.0
 class Preemption:
     """The first preemption signal a rank receives; ``on_signal`` runs inside the handler (keep it tiny)."""
 
-    def __init__(self, on_signal: Callable[[], None] = lambda: None):
+    def __init__(self, on_signal: Callable[[], None] = lambda: None, clock: Clock | None = None):
         self.signal: str | None = None
-        self.at: float | None = None
+        self.at: float | None = None  # on ``clock`` (WallClock.now is safe inside a signal handler)
         self.on_signal = on_signal
+        self.clock = clock or WallClock()
 
     def install(self) -> "Preemption":
         for s in SIGNALS:
@@ -74,7 +75,7 @@ class Preemption:
     def request(self, name: str) -> None:
         """A preemption named ``name`` (a signal, or the launcher's request file); only the first one counts."""
         if self.signal is None:
-            self.signal, self.at = name, time.monotonic()
+            self.signal, self.at = name, self.clock.now()
             self.on_signal()
 
     def watch(self, path: Path) -> "Preemption":
@@ -85,9 +86,9 @@ class Preemption:
     def poll(self, force: bool = False) -> "Preemption":
         """Take the request file into account (at most every ``POLL_S`` seconds unless ``force``)."""
         path = getattr(self, "path", None)
-        if path is None or self.signal is not None or (not force and time.monotonic() - self.polled < POLL_S):
+        if path is None or self.signal is not None or (not force and self.clock.now() - self.polled < POLL_S):
             return self
-        self.polled = time.monotonic()
+        self.polled = self.clock.now()
         try:
             name = path.read_text().strip() or "preempt.request"
         except FileNotFoundError:
@@ -109,7 +110,7 @@ class Preemption:
 
     @property
     def overdue(self) -> bool:
-        return self.at is not None and time.monotonic() - self.at > PENDING_STEP_TIMEOUT_S
+        return self.at is not None and self.clock.now() - self.at > PENDING_STEP_TIMEOUT_S
 
 
 def snapshot(server, hub, rollouts, steps: list[dict], carry: dict, wall_s: float) -> dict:

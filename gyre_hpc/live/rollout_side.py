@@ -32,11 +32,10 @@ Invariants (tests/integration/test_live_training.py)
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
 from gyre_hpc.live import store
-from gyre_hpc.clock import wait_until
+from gyre_hpc.clock import Clock, WallClock, wait_until
 from gyre_hpc.live.engine_weights import start_model_dir
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import EngineError, TransferError
@@ -46,8 +45,9 @@ MOVES_WAIT_S = 5.0  # how long reap() waits for the proxy to log the moves of th
 
 
 class RolloutSide:
-    def __init__(self, cfg: GyreConfig, run_dir: Path, cell: int, proxy_url: str):
+    def __init__(self, cfg: GyreConfig, run_dir: Path, cell: int, proxy_url: str, clock: Clock | None = None):
         self.cfg, self.run_dir, self.cell, self.proxy_url = cfg, run_dir, cell, proxy_url
+        self.clock = clock or WallClock()  # timings, the pull give-up window, death stamps
         self.handle = None
         self.client = None
         self.version = -1
@@ -74,7 +74,7 @@ class RolloutSide:
 
         if self.asleep:
             return self._wake()
-        t0 = time.perf_counter()
+        t0 = self.clock.now()
         # its initial weights (the seed's, or model.hf_path's: version 0); SGLang serves an HF directory
         engine = dataclasses.replace(self.cfg.engine, model_path=start_model_dir(self.cfg))
         self.starts += 1
@@ -85,9 +85,9 @@ class RolloutSide:
         self.pusher = self._pusher()
         self.version = int(self.client.weight_version())
         self.refresh()  # the newest version, by the one road, before the proxy sees the engine
-        t1 = time.perf_counter()
+        t1 = self.clock.now()
         self._register(f"cell{self.cell}-e{self.starts}")
-        return {"engine_start_s": t1 - t0, "register_s": time.perf_counter() - t1}
+        return {"engine_start_s": t1 - t0, "register_s": self.clock.now() - t1}
 
     def _wake(self) -> dict:
         """Wake the sleeping engine, load the newest weights, register it; returns the timing."""
@@ -95,14 +95,14 @@ class RolloutSide:
         if not self.alive():  # it died in its sleep: a fresh start instead
             self.stop()
             return self.start()
-        t0 = time.perf_counter()
+        t0 = self.clock.now()
         self.client.resume_memory()
         self.version = int(self.client.weight_version())  # back to the disk weights' version if they were pushed
         self.refresh()
-        t1 = time.perf_counter()
+        t1 = self.clock.now()
         self.wakes += 1
         self._register(f"cell{self.cell}-e{self.starts}w{self.wakes}")
-        return {"engine_wake_s": t1 - t0, "register_s": time.perf_counter() - t1}
+        return {"engine_wake_s": t1 - t0, "register_s": self.clock.now() - t1}
 
     def _register(self, name: str) -> None:
         """Add the engine to the proxy under ``name`` (a fresh one per start or wake)."""
@@ -128,19 +128,19 @@ class RolloutSide:
         try:
             tensors, rec = self._pull(latest)
         except TransferError as exc:  # e.g. the core closed its buffer as the run ends: try again next pass
-            self.pull_errors.append({"version": latest["version"], "error": str(exc)[:300], "t": time.time()})
-            if time.monotonic() - self._failing_since(True) > PULL_GIVE_UP_S:
+            self.pull_errors.append({"version": latest["version"], "error": str(exc)[:300], "t": self.clock.wall()})
+            if self.clock.now() - self._failing_since(True) > PULL_GIVE_UP_S:
                 raise
             return False
         self._failing_since(False)
         try:
-            t0 = time.perf_counter()
+            t0 = self.clock.now()
             pushed = self.pusher.push(tensors, str(rec["version"]))
         except EngineError:
             if self.alive():
                 raise
             return False  # it died: the restart starts on the newest weights
-        self.syncs.append({**rec, "push_s": time.perf_counter() - t0, "push_gb_per_s": pushed["gb_per_s"],
+        self.syncs.append({**rec, "push_s": self.clock.now() - t0, "push_gb_per_s": pushed["gb_per_s"],
                            "push_attempts": pushed["attempt"] + 1})
         self.version = rec["version"]
         self.updates += 1
@@ -148,8 +148,8 @@ class RolloutSide:
 
     def _failing_since(self, failing: bool) -> float:
         """When the current run of failed pulls began (reset by a good pull)."""
-        self._failing = (self._failing or time.monotonic()) if failing else None
-        return self._failing or time.monotonic()
+        self._failing = (self._failing or self.clock.now()) if failing else None
+        return self._failing or self.clock.now()
 
     def _pull(self, latest: dict) -> tuple[dict, dict]:
         """The core's published tensors of ``latest`` (or of a newer version published meanwhile), under the
@@ -163,7 +163,7 @@ class RolloutSide:
 
         if self.puller is None:
             self.puller = make_puller(self.cfg.transfer)
-        bad, t0 = 0, time.perf_counter()
+        bad, t0 = 0, self.clock.now()
         while True:
             if not latest.get("descriptor"):
                 raise TransferError(f"version {latest['version']} has no transfer descriptor in LATEST.json")
@@ -177,7 +177,7 @@ class RolloutSide:
                     raise
                 latest = store.read_latest(self.run_dir)  # stale: the core published a newer version meanwhile
         full = {k: torch.from_numpy(a if a.flags.writeable else np.array(a)) for k, a in arrays.items()}
-        rec = {"version": int(latest["version"]), "pull_s": time.perf_counter() - t0, "bytes": stats.bytes,
+        rec = {"version": int(latest["version"]), "pull_s": self.clock.now() - t0, "bytes": stats.bytes,
                "pull_gb_per_s": stats.gb_per_s, "checksum_ok": stats.checksum_ok, "backend": stats.backend,
                "pull_retries": bad}
         return engine_tensors(full, self.cfg.model), rec
@@ -208,21 +208,21 @@ class RolloutSide:
         with ProxyClient(self.proxy_url, timeout=self.cfg.proxy.drain_timeout_s + 30.0) as proxy:
             proxy.mark_dead(engine=name, reason=f"engine process {pid} exited with {code}")  # no-op if it knew
             proxy.remove(engine=name)
-            moves = _moves_of(proxy, name)
+            moves = _moves_of(proxy, name, self.clock)
         rec = {"pid": pid, "exit_code": code, "engine": name, "calls_moved": len(moves),
                "runs_moved": len({m["run_id"] for m in moves})}
-        self.deaths.append({**rec, "t": time.time()})
+        self.deaths.append({**rec, "t": self.clock.wall()})
         return rec
 
     def leave(self) -> dict:
         """Drain the cell in the proxy, remove it, stop the engine; returns the timing breakdown."""
         from gyre_hpc.proxy.client import ProxyClient
 
-        t0 = time.perf_counter()
+        t0 = self.clock.now()
         with ProxyClient(self.proxy_url, timeout=self.cfg.proxy.drain_timeout_s + 30.0) as proxy:
             drained = proxy.drain(cell=self.cell)
             proxy.remove(cell=self.cell)
-        t1 = time.perf_counter()
+        t1 = self.clock.now()
         if self.cfg.engine.sleep_in_training and self.alive():
             self.client.release_memory()
             self.asleep = True
@@ -230,7 +230,7 @@ class RolloutSide:
         else:
             self.stop()
             part = "engine_stop_s"
-        return {"drain_s": t1 - t0, part: time.perf_counter() - t1, "moved_calls": drained.get("moved", 0)}
+        return {"drain_s": t1 - t0, part: self.clock.now() - t1, "moved_calls": drained.get("moved", 0)}
 
     def stop(self) -> None:
         if self.pusher is not None:
@@ -251,7 +251,7 @@ class RolloutSide:
             self.puller = None
 
 
-def _moves_of(proxy, name: str) -> list[dict]:
+def _moves_of(proxy, name: str, clock: Clock) -> list[dict]:
     """The proxy's ``move`` records of calls that left the dead engine ``name``, once all it had in flight moved
     (or after MOVES_WAIT_S: a call still waiting for an engine is logged later)."""
     moves: list[dict] = []
@@ -262,5 +262,5 @@ def _moves_of(proxy, name: str) -> list[dict]:
         moves[:] = [e for e in events if e["event"] == "move" and e["from_engine"] == name and e["reason"] == "dead"]
         return len(moves) >= sum(e["in_flight"] for e in dead)
 
-    wait_until(all_moved, MOVES_WAIT_S, poll_s=0.05)
+    wait_until(all_moved, MOVES_WAIT_S, clock, poll_s=0.05)
     return moves

@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -44,6 +43,7 @@ from gyre_hpc.agents.harness import Harness
 from gyre_hpc.agents.plugin_harness import PluginHarness
 from gyre_hpc.allocator.messages import GroupsReady, RunsChanged
 from gyre_hpc.live import dataplane as dp
+from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import GyreError
 from gyre_hpc.allocator.batches import FixedBatches
@@ -59,14 +59,17 @@ def work_s(groups: list[dp.Group]) -> float:
 
 class Rollouts:
     def __init__(self, cfg: GyreConfig, run_dir: Path, proxy_url: str, offer: Callable[[dp.Group], None],
-                 fixed_batches: bool = False):
+                 fixed_batches: bool = False, clock: Clock | None = None):
         self.cfg, self.run_dir, self.proxy_url, self.offer = cfg, Path(run_dir), proxy_url, offer
+        self.clock = clock or WallClock()  # groups' admit/ready stamps (wall(): compared with TITO call times)
         self.batches = FixedBatches[dp.Group](cfg.scheduler.batch_groups) if fixed_batches else None
         self.post: Callable = lambda msg: None
         self.harness = Harness(cfg.agent, proxy_url, self.run_dir / "tito" / "runs", vocab_size=cfg.model.vocab_size,
                                seed=cfg.run.seed, proxy=True, context_len=cfg.engine.context_len,
-                               request_timeout_s=cfg.engine.request_timeout_s) if cfg.agent.kind == "synthetic" \
-            else PluginHarness(cfg.agent, cfg.grader, proxy_url, self.run_dir / "tito" / "runs")  # OpenAI endpoint
+                               request_timeout_s=cfg.engine.request_timeout_s, clock=self.clock) \
+            if cfg.agent.kind == "synthetic" \
+            else PluginHarness(cfg.agent, cfg.grader, proxy_url, self.run_dir / "tito" / "runs",  # OpenAI endpoint
+                               clock=self.clock)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="gyre-harness", daemon=True)
         self.thread.start()
@@ -102,7 +105,7 @@ class Rollouts:
         return n
 
     async def _group(self, gid: int) -> None:
-        t0 = time.time()
+        t0 = self.clock.wall()
         results = await self.harness.run_async([gid])
         self.ended_runs += len(results)
         try:
@@ -111,7 +114,7 @@ class Rollouts:
             group, lost = dp.Group(gid, None, 0, runs=len(results)), str(exc)
         if lost is not None:
             self.errors.append(f"group {gid}: {lost}")
-        group.t_ready = time.time()
+        group.t_ready = self.clock.wall()
         group.rewards = [] if lost else [r.outcome.score for r in results if r.outcome.score is not None]
         group.runs = len(results)
         if self.closed:  # preempted meanwhile: not part of the saved buffer

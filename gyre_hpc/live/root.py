@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import yaml
@@ -133,7 +132,8 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
     from gyre_hpc.proxy.launch import start_proxy
     import dataclasses
 
-    t0 = time.perf_counter()
+    clock = transport.clock  # the rank's one clock: the event log's, the allocator's and the run's wall time
+    t0 = clock.now()
     preemption = preemption or preempt.Preemption()
     saved = _load_resume(cfg, run_dir)
     pcfg = dataclasses.replace(cfg.proxy, event_log=str(run_dir / "proxy-events.jsonl"),
@@ -173,21 +173,21 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
                   f"ready {st.ready_groups} inflight {st.inflight_groups} | "
                   f"staleness {last.get('staleness_mean', 0.0):.2f} = {last.get('staleness_prequeue_mean', 0.0):.2f}"
                   f" pre + {last.get('staleness_inqueue_mean', 0.0):.2f} queued (max {last.get('staleness_max', 0)}) | "
-                  f"reward {'-' if reward is None else f'{reward:.3f}'} | {time.perf_counter() - t0:.0f}s",
+                  f"reward {'-' if reward is None else f'{reward:.3f}'} | {clock.now() - t0:.0f}s",
                   file=sys.stderr, flush=True)
 
         hub = Hub(comm, cfg.scheduler.batch_groups, policy.streaming, cfg.cluster.cells,
                   lambda c: server.state.cells[c].role, on_step,
                   burst_open=lambda: batches.burst_open(policy.mu, server.state.burst_steps),
                   on_event=lambda rec: server.log.write(rec))
-        rollouts = Rollouts(cfg, run_dir, proxy.url, hub.offer, fixed_batches=not policy.streaming)
+        rollouts = Rollouts(cfg, run_dir, proxy.url, hub.offer, fixed_batches=not policy.streaming, clock=clock)
         preemption.on_signal = rollouts.close  # from the signal on, no group starts or joins the buffer
         if preemption.requested:
             rollouts.close()
 
         def before_shutdown(reason: str) -> None:
             if reason.startswith(lost.REASON):  # mpirun kills rank 0 KILL_AFTER_S from now: save first, only
-                _save_lost(run_dir, server, hub, rollouts, steps, carry, end, time.perf_counter() - t0)
+                _save_lost(run_dir, server, hub, rollouts, steps, carry, end, clock.now() - t0)
                 return
             with ProxyClient(proxy.url, timeout=30.0) as pc:
                 try:
@@ -198,7 +198,7 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
                     end["proxy"] = carry.get("proxy", {})
             if reason.startswith("preempted"):
                 _save_resume(run_dir, server, hub, rollouts, steps, {**carry, "proxy": end["proxy"]}, policy,
-                             preemption, end, time.perf_counter() - t0)
+                             preemption, end, clock.now() - t0)
             end["groups_cut"] = rollouts.stop()
             server.lost_groups.poll(server.log.write)  # the groups that completed since the last pass
 
@@ -228,7 +228,7 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
     if stop["reason"].startswith("preempted"):
         return {"preempted": stop["reason"], "saved": "saved" in end, "error": end.get("preempt_error"),
                 "steps_done": stop["steps_done"], "run_dir": str(run_dir)}
-    summary = _summary(cfg, run_dir, stop, steps, rollouts, end, carry, time.perf_counter() - t0)
+    summary = _summary(cfg, run_dir, stop, steps, rollouts, end, carry, clock.now() - t0)
     summary.update(live_prediction(run_dir, summary["wall_s"]))  # the simulator's replay of this run
     atomic_write_json(run_dir / "summary.json", summary)
     _report(run_dir, cfg, steps, rollouts)
@@ -330,7 +330,7 @@ def _save_lost(run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollouts
     server.log.write({"event": "lost_rank_saved", "version": state["version"],
                       "steps_done": state["sched"]["steps_done"], "buffer": [g["gid"] for g in state["buffer"]],
                       "inflight": state["inflight"], "resume": str(path),
-                      "after_signal_s": round(time.monotonic() - (server.teardown.at or time.monotonic()), 3)})
+                      "after_signal_s": round(server.teardown.since_s(), 3)})
 
 
 def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollouts, end: dict, carry: dict,

@@ -48,7 +48,6 @@ Invariants (tests/integration/test_live_training.py)
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +55,7 @@ import torch
 
 from gyre_hpc.live import dataplane as dp
 from gyre_hpc.live import store
+from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import TransferError
 from gyre_hpc.train import agreement
@@ -63,12 +63,13 @@ from gyre_hpc.transfer.gradients import GradientReceiver, GradientSender
 
 
 class _Side:
-    def __init__(self, cfg: GyreConfig):
+    def __init__(self, cfg: GyreConfig, clock: Clock | None = None):
         from gyre_hpc.train.model import init_parallel
         from gyre_hpc.train.step import Trainer
 
         init_parallel(seed=cfg.run.seed)
         self.cfg = cfg
+        self.clock = clock or WallClock()  # step timings, the satellite's wait for a published version
         self.trainer = Trainer(cfg.model, cfg.train, cfg.run.seed)
 
     def grads(self, group: dp.Group, trainer_old: np.ndarray | None = None) -> tuple[float, dict, float, dict]:
@@ -83,10 +84,10 @@ class _Side:
 
 
 class CoreTrainer(_Side):
-    def __init__(self, cfg: GyreConfig, run_dir: Path):
+    def __init__(self, cfg: GyreConfig, run_dir: Path, clock: Clock | None = None):
         from gyre_hpc.transfer import make_publisher
 
-        super().__init__(cfg)
+        super().__init__(cfg, clock)
         self.run_dir = run_dir
         self.restored = self._restore()
         self.publisher = make_publisher(cfg.transfer)
@@ -179,7 +180,7 @@ class CoreTrainer(_Side):
 
     def step(self) -> dict:
         """``train.epochs`` AdamW updates, then publish the new version; returns the step's record."""
-        t0 = time.perf_counter()
+        t0 = self.clock.now()
         tokens = int(self.z)
         norm, loss = self._update()
         losses = [loss]
@@ -190,7 +191,7 @@ class CoreTrainer(_Side):
             losses.append(self._update()[1])
         self.trainer.version += 1
         gids = self.ledger.stepped()
-        t1 = time.perf_counter()
+        t1 = self.clock.now()
         pub = self.publish()
         rec = {"version": self.version, "groups": self.groups, "trained_tokens": tokens, "loss": loss,
                "epochs": len(losses), "loss_last_epoch": losses[-1], "grad_norm": norm,
@@ -204,15 +205,15 @@ class CoreTrainer(_Side):
         """Weights directory for engines, Mooncake buffer for satellites, then LATEST.json; returns timings."""
         from gyre_hpc.engines.weights import save_weights
 
-        t0 = time.perf_counter()
+        t0 = self.clock.now()
         weights = self.trainer.export_weights()
         path = save_weights(store.version_dir(self.run_dir, self.version), weights, str(self.version))
-        t1 = time.perf_counter()
+        t1 = self.clock.now()
         desc = self.publisher.publish({k: v.numpy() for k, v in weights.items()}, version=self.version)
-        t2 = time.perf_counter()
+        t2 = self.clock.now()
         store.write_latest(self.run_dir, self.version, path, desc.to_dict())
         self.trainer.save_checkpoint(self.run_dir / "checkpoints" / "latest")
-        return {"save_weights_s": t1 - t0, "publish_s": t2 - t1, "checkpoint_s": time.perf_counter() - t2}
+        return {"save_weights_s": t1 - t0, "publish_s": t2 - t1, "checkpoint_s": self.clock.now() - t2}
 
     def close(self) -> None:
         self.receiver.close()
@@ -225,10 +226,10 @@ def is_checksum_error(exc: Exception) -> bool:
 
 
 class SatelliteTrainer(_Side):
-    def __init__(self, cfg: GyreConfig, run_dir: Path):
+    def __init__(self, cfg: GyreConfig, run_dir: Path, clock: Clock | None = None):
         from gyre_hpc.transfer import make_puller
 
-        super().__init__(cfg)
+        super().__init__(cfg, clock)
         self.run_dir = run_dir
         self.puller = make_puller(cfg.transfer)
         shapes = {n: tuple(p.shape) for n, p in self.trainer.model.named_parameters()}
@@ -241,7 +242,7 @@ class SatelliteTrainer(_Side):
         """Pull the core's weights of ``version`` (None: the latest) unless they are loaded; returns the stats."""
         from gyre_hpc.transfer import WeightDescriptor
 
-        deadline = time.monotonic() + timeout_s
+        deadline = self.clock.now() + timeout_s
         bad = 0  # checksum failures of this pull, retried up to transfer.checksum_retries times
         while True:
             latest = store.read_latest(self.run_dir)
@@ -256,7 +257,7 @@ class SatelliteTrainer(_Side):
                         bad += 1
                         self.pull_retries.append({"version": want, "error": str(exc)[:300]})
                         continue  # damaged in flight (or overwritten meanwhile): pull it again
-                    if "stale" not in str(exc) or time.monotonic() > deadline:
+                    if "stale" not in str(exc) or self.clock.now() > deadline:
                         raise
                     continue  # the core published a newer version meanwhile: read LATEST again
                 state = {k: torch.from_numpy(np.array(a)) for k, a in arrays.items()}
@@ -266,11 +267,11 @@ class SatelliteTrainer(_Side):
                        "gb_per_s": stats.gb_per_s, "checksum_ok": stats.checksum_ok, "backend": stats.backend}
                 self.pulls.append(rec)
                 return rec
-            if time.monotonic() > deadline:
+            if self.clock.now() > deadline:
                 raise TransferError(f"version {want} of the core's weights not published within {timeout_s} s")
             if idle is not None:
                 idle()
-            time.sleep(0.02)
+            self.clock.sleep(0.02)
 
     def message(self, version: int, group: dp.Group, z: float, grads: dict, loss: float, lag: dict,
                 extra: dict, seconds: float) -> dict:

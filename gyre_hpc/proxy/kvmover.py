@@ -23,11 +23,10 @@ Invariants
 """
 from __future__ import annotations
 
-import time
-
 import httpx
 
 from gyre_hpc import auth
+from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.proxy.events import EventLog
 from gyre_hpc.proxy.movers import MoveCost, MovePlan
 
@@ -42,8 +41,10 @@ class KVMover:
     name = "kv"
 
     def __init__(self, events: EventLog, version_policy: str = "reprefill", timeout_s: float = 120.0,
-                 token: str | None = None, transport: httpx.AsyncBaseTransport | None = None):
+                 token: str | None = None, transport: httpx.AsyncBaseTransport | None = None,
+                 clock: Clock | None = None):
         self.events = events
+        self.clock = clock or WallClock()  # the moves' seconds
         self.keep_version = version_policy == "keep"
         self._http = httpx.AsyncClient(timeout=timeout_s, headers=auth.bearer(token or auth.job_secret()),
                                        transport=transport)
@@ -64,18 +65,18 @@ class KVMover:
         return resp.json()
 
     async def prepare(self, plan: MovePlan) -> MoveCost:
-        t0 = time.perf_counter()
+        t0 = self.clock.now()
         try:
             done = await self._move(plan)
         except KVFallback as fb:
             self.events.write("kv_fallback", rid=plan.rid, from_engine=plan.source, to_engine=plan.target,
                               reason=fb.reason, message=str(fb), tokens=len(plan.tokens))
-            return MoveCost(len(plan.tokens), 0, time.perf_counter() - t0)
+            return MoveCost(len(plan.tokens), 0, self.clock.now() - t0)
         moved = int(done["moved_tokens"])
         self.events.write("kv_move", rid=plan.rid, from_engine=plan.source, to_engine=plan.target,
                           moved_tokens=moved, hit_tokens=int(done["hit_tokens"]), bytes=int(done["bytes"]),
-                          seconds=time.perf_counter() - t0)
-        return MoveCost(len(plan.tokens) - moved, moved, time.perf_counter() - t0)
+                          seconds=self.clock.now() - t0)
+        return MoveCost(len(plan.tokens) - moved, moved, self.clock.now() - t0)
 
     async def _move(self, plan: MovePlan) -> dict:
         if not plan.source_alive:

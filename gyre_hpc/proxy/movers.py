@@ -65,7 +65,7 @@ class ReprefillMover:
         return MoveCost(reprefill_tokens=len(plan.tokens), moved_tokens=0, seconds=0.0)
 
 
-def make_mover(kind: str, events=None, version_policy: str = "reprefill") -> Mover:
+def make_mover(kind: str, events=None, version_policy: str = "reprefill", clock=None) -> Mover:
     """``kv``: ``gyre_hpc.proxy.kvmover.KVMover`` (falls back to re-prefill per move); ``reprefill``: always."""
     if kind == "reprefill":
         return ReprefillMover()
@@ -73,5 +73,5 @@ def make_mover(kind: str, events=None, version_policy: str = "reprefill") -> Mov
         from gyre_hpc.proxy.events import proxy_log
         from gyre_hpc.proxy.kvmover import KVMover
 
-        return KVMover(events if events is not None else proxy_log(None), version_policy)
+        return KVMover(events if events is not None else proxy_log(None), version_policy, clock=clock)
     raise ProxyError(f"proxy.mover: {kind!r} is not one of {', '.join(MOVERS)}")

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import time
 import uuid
 from typing import Any, Mapping
 
@@ -157,7 +156,7 @@ class OpenAIRoutes:
         finish = "tool_calls" if reply.tool_calls else FINISH.get(meta["finish_reason"].get("type"), "stop")
         usage = {"prompt_tokens": meta["prompt_tokens"], "completion_tokens": meta["completion_tokens"],
                  "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"]}
-        head = {"id": f"chatcmpl-{call_id}-{uuid.uuid4().hex[:8]}", "created": int(time.time()),
+        head = {"id": f"chatcmpl-{call_id}-{uuid.uuid4().hex[:8]}", "created": int(self.service.clock.wall()),
                 "model": self.cfg.model_name}
         gyre = {"run_id": run, "call_id": call_id, "reused_tokens": plan.reused, "extends": plan.extends,
                 "drift": plan.drift, "weight_version": meta.get("weight_version")}
@@ -191,7 +190,7 @@ class OpenAIRoutes:
             return result
         meta = result["meta_info"]
         return {"id": f"cmpl-{call_id}-{uuid.uuid4().hex[:8]}", "object": "text_completion",
-                "created": int(time.time()), "model": self.cfg.model_name,
+                "created": int(self.service.clock.wall()), "model": self.cfg.model_name,
                 "choices": [{"index": 0, "text": self.book.template.decode(result["output_ids"]), "logprobs": None,
                              "finish_reason": FINISH.get(meta["finish_reason"].get("type"), "stop")}],
                 "usage": {"prompt_tokens": meta["prompt_tokens"], "completion_tokens": meta["completion_tokens"],

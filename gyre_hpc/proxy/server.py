@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import os
 import sys
-import time
 from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
@@ -85,7 +84,8 @@ def _target(body: Any, *extra: str) -> dict:
     return body
 
 
-def _outcome(body: Any) -> Outcome:
+def _outcome(body: Any, now: float) -> Outcome:
+    """The outcome in ``body``; ``now`` (epoch seconds) stands in for a missing ``t_end``."""
     body = _fields(body, ("run_id", "status", "score"), ("query_id", "t_end", "detail"))
     if not isinstance(body["run_id"], str) or not body["run_id"]:
         raise ProxyError(f"run_id: expected a non-empty string, got {body['run_id']!r}")
@@ -97,7 +97,7 @@ def _outcome(body: Any) -> Outcome:
     if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))):
         raise ProxyError(f"score: expected a number or null, got {score!r}")
     return Outcome(body["run_id"], str(body.get("query_id") or body["run_id"].split("-")[0]), status,
-                   None if score is None else float(score), float(body.get("t_end", time.time())),
+                   None if score is None else float(score), float(body.get("t_end", now)),
                    str(body.get("detail", "")))
 
 
@@ -209,12 +209,13 @@ class ProxyServer:
         if outcomes is not None and not isinstance(outcomes, list):
             raise ProxyError(f"outcomes: expected a list of outcome objects or null, got {outcomes!r:.80}")
         return self.service.flush_tito(body["name"], run_ids,
-                                       None if outcomes is None else [_outcome(o) for o in outcomes])
+                                       None if outcomes is None
+                                       else [_outcome(o, self.service.clock.wall()) for o in outcomes])
 
     async def outcome(self, request: Request):
         body = await _json(request)
         _own_run(request, body, "run_id")
-        outcome = _outcome(body)
+        outcome = _outcome(body, self.service.clock.wall())
         self.service.record_outcome(outcome)
         return {"run_id": outcome.run_id, "status": outcome.status.value}
 

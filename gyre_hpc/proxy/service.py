@@ -34,10 +34,10 @@ import asyncio
 import contextlib
 import itertools
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.config import ProxyConfig
 from gyre_hpc.engines.client import AsyncEngineClient
 from gyre_hpc.errors import EngineError
@@ -72,12 +72,15 @@ class _Call:
 
 
 class ProxyService(EngineAdmin):
-    def __init__(self, cfg: ProxyConfig, events: EventLog | None = None, mover: Mover | None = None):
+    def __init__(self, cfg: ProxyConfig, events: EventLog | None = None, mover: Mover | None = None,
+                 clock: Clock | None = None):
         self.cfg = cfg
+        self.clock = clock or WallClock()  # wall(): the calls' stamps in TITO (and the OpenAI answers' ``created``)
         self.router = Router(cfg.routing)
         self.events = events if events is not None else proxy_log(cfg.event_log)
         self.recorder = TitoRecorder()
-        self.mover = mover if mover is not None else make_mover(cfg.mover, self.events, cfg.kv_version_policy)
+        self.mover = mover if mover is not None else make_mover(cfg.mover, self.events, cfg.kv_version_policy,
+                                                                         self.clock)
         self._clients: dict[str, AsyncEngineClient] = {}
         self._requests: dict[str, Request] = {}  # engine rid -> request
         self._calls: dict[str, _Call] = {}  # harness rid -> call
@@ -97,13 +100,13 @@ class ProxyService(EngineAdmin):
         if req.rid in self._calls:
             raise ProxyError(f"rid: call {req.rid!r} is already in flight", 409)
         self.recorder.reserve(req.run_id, req.call_id)
-        call = self._calls[req.rid] = _Call(req, time.time())
+        call = self._calls[req.rid] = _Call(req, self.clock.wall())
         recorded = False
         try:
             await self._serve(call)
             if call.harness_abort and not (call.segments and call.segments[-1].aborted):
                 call.segments.append(Segment("", (), (), (), HARNESS_ABORT))
-            t_end = time.time()
+            t_end = self.clock.wall()
             body = answer(req, call.segments, t_end - call.t_start, call.moves)
             recorded = True
             if not self.recorder.add_call(tito_call(req, call.segments, call.t_start, t_end)):

@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import pickle
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.slurm.submit import make_executor, normal_state
 from gyre_hpc.sweep import COMPLETED, Outcome
 
@@ -88,7 +88,8 @@ def _slow_outcome(t: Task, kind: str) -> Outcome:
 
 
 def run_tasks(tasks: Sequence[Task], kind: str, folder: Path, parallel: int,
-              metrics: Callable[[Any], dict[str, Any]], poll_s: float = 1.0) -> list[Outcome]:
+              metrics: Callable[[Any], dict[str, Any]], poll_s: float = 1.0,
+              clock: Clock | None = None) -> list[Outcome]:
     """Submit every task, show progress until all have ended, and return their outcomes in task order."""
     from tqdm import tqdm
 
@@ -113,7 +114,7 @@ def run_tasks(tasks: Sequence[Task], kind: str, folder: Path, parallel: int,
         running = sum(t.job is not None and t.outcome is None for t in tasks)
         bar.set_postfix_str(f"running {running}, failed {failed}, queued {len(waiting)}")
         if any(t.outcome is None for t in tasks):
-            time.sleep(poll_s)
+            (clock or WallClock()).sleep(poll_s)
     bar.close()
     return [t.outcome for t in tasks]
 

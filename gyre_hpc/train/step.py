@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.config import ModelConfig, TrainConfig
 from gyre_hpc.errors import TrajectoryError
 from gyre_hpc.train import checkpoint
@@ -59,7 +59,8 @@ def split_rows(batch: PackedBatch, parts: int) -> list[PackedBatch]:
 class Trainer:
     """A megatron ``GPTModel`` with an AdamW optimizer that trains on ``PackedBatch`` objects."""
 
-    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, seed: int = 0):
+    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, seed: int = 0, clock: Clock | None = None):
+        self.clock = clock or WallClock()  # step_time_s
         if train_cfg.threads is not None:
             torch.set_num_threads(train_cfg.threads)
         self.model_cfg = model_cfg
@@ -175,7 +176,7 @@ class Trainer:
 
     def step(self, batch: PackedBatch) -> dict[str, float]:
         """Forward + backward + clip + one AdamW step; returns metrics (loss, tokens, logp, entropy, grad_norm)."""
-        t0 = time.perf_counter()
+        t0 = self.clock.now()
         metrics = self._accumulate(batch)
         norm = self.clip_grads()
         self.optimizer.step()
@@ -183,7 +184,7 @@ class Trainer:
         self.version += 1
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        return {**metrics, "grad_norm": norm, "version": self.version, "step_time_s": time.perf_counter() - t0}
+        return {**metrics, "grad_norm": norm, "version": self.version, "step_time_s": self.clock.now() - t0}
 
     def burst(self, batch: PackedBatch, steps: int) -> list[dict[str, float]]:
         """``steps`` optimizer steps over the batch's rows, split in order."""

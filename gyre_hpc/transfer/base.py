@@ -26,12 +26,12 @@ Invariants
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
+from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.config import TransferConfig
 from gyre_hpc.errors import TransferError
 from gyre_hpc.transfer.manifest import WeightManifest, make_manifest, pack_into, plan_layout, unpack_weights
@@ -123,6 +123,7 @@ class _Owned:
 
     def __init__(self, cfg: TransferConfig):
         self.cfg = cfg
+        self.clock: Clock = WallClock()  # the pulls' wire and verify seconds (a test may set another)
         self._pid = os.getpid()
         self._closed = False
 
@@ -188,7 +189,7 @@ class BufferPuller(_Owned):
                                 f"({descriptor.location})")
         manifest = descriptor.manifest
         dst = self._reserve(HEADER_BYTES + manifest.total_bytes)
-        start = time.perf_counter()
+        start = self.clock.now()
         try:
             for batch in plan_chunks(manifest.total_bytes, self.cfg.chunk_bytes, self.cfg.batch_bytes):
                 self._read(descriptor, dst, [(HEADER_BYTES + off, n) for off, n in batch])
@@ -196,16 +197,16 @@ class BufferPuller(_Owned):
         except TransferError:
             self._discard(dst)
             raise
-        seconds = time.perf_counter() - start
+        seconds = self.clock.now() - start
         self._check_header(descriptor, dst)
         data = dst[HEADER_BYTES:HEADER_BYTES + manifest.total_bytes]
-        checksum_ok, verify_start = None, time.perf_counter()
+        checksum_ok, verify_start = None, self.clock.now()
         if self.cfg.verify:
             self._verify(descriptor, data)
             checksum_ok = True
         nbytes = HEADER_BYTES + manifest.total_bytes
         stats = PullStats(self.backend, manifest.version, nbytes, seconds, nbytes / max(seconds, 1e-9) / 1e9,
-                          time.perf_counter() - verify_start, checksum_ok, manifest.checksum)
+                          self.clock.now() - verify_start, checksum_ok, manifest.checksum)
         return unpack_weights(data, manifest), stats
 
     @staticmethod
