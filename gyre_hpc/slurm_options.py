@@ -14,6 +14,7 @@ Invariants (each violation is a ``FieldError`` on the field, which the loader re
 from __future__ import annotations
 
 import re
+from typing import Protocol, Sequence
 
 from gyre_hpc.errors import require
 
@@ -79,7 +80,16 @@ def check_extra(entry: str) -> None:
         raise ValueError(f"--{key} is not an accepted sbatch option; valid: {', '.join(EXTRA_OPTIONS)}")
 
 
-def check_slurm(cfg) -> None:
+class SlurmFields(Protocol):
+    """What ``check_slurm`` reads of ``config.SlurmConfig`` (this module sits below ``config``)."""
+
+    time: str
+    signal: str
+    extra: Sequence[str]
+    exports: Sequence[str]
+
+
+def check_slurm(cfg: SlurmFields) -> None:
     """``SlurmConfig.check``: every format above, as ``FieldError`` on the offending field."""
     for key, fn in (("time", time_seconds), ("signal", parse_signal)):
         try:

@@ -48,7 +48,7 @@ from gyre_hpc.live import dataplane as dp
 from gyre_hpc.live.rollout_side import RolloutSide
 from gyre_hpc.live.training_side import CoreTrainer, SatelliteTrainer
 from gyre_hpc.clock import wait_until
-from gyre_hpc.config import GyreConfig
+from gyre_hpc.config import AllocatorConfig, EngineConfig, ModelConfig, ProxyConfig, TrainConfig, TransferConfig
 from gyre_hpc.errors import GyreError, TransferError
 from gyre_hpc.io import atomic_write_json
 from gyre_hpc.live.preempt import Preemption
@@ -62,13 +62,18 @@ class _RunOver(Exception):
 
 
 class CellRunner:
-    def __init__(self, cfg: GyreConfig, run_dir: Path, transport, comm, proxy_url: str,
-                 preemption: Preemption | None = None):
-        self.cfg, self.run_dir, self.comm = cfg, Path(run_dir), comm
+    def __init__(self, run_dir: Path, transport, comm, proxy_url: str, preemption: Preemption | None = None, *,
+                 allocator: AllocatorConfig, engine: EngineConfig, model: ModelConfig, train: TrainConfig,
+                 transfer: TransferConfig, proxy: ProxyConfig, seed: int, batch_groups: int):
+        """Each side gets its own sections; ``batch_groups`` is ``scheduler.batch_groups`` (the core steps on it)."""
+        self.run_dir, self.comm = Path(run_dir), comm
+        self.allocator, self.max_restarts, self.batch_groups = allocator, engine.max_restarts, batch_groups
+        self.training = dict(model=model, train=train, transfer=transfer, seed=seed)  # a trainer's sections
         self.cell = transport.rank - 1
-        self.link = CellLink(transport, self.cell, cfg.allocator.heartbeat_interval_s)
+        self.link = CellLink(transport, self.cell, allocator.heartbeat_interval_s)
         self.is_core = self.cell == CORE
-        self.rollout = RolloutSide(cfg, self.run_dir, self.cell, proxy_url, clock=self.clock)
+        self.rollout = RolloutSide(self.run_dir, self.cell, proxy_url, engine=engine, model=model, transfer=transfer,
+                                   proxy=proxy, seed=seed, clock=self.clock)
         self.trainer: CoreTrainer | SatelliteTrainer | None = None
         self.role = Role.ROLLOUT
         self.switches: list[dict] = []
@@ -89,8 +94,8 @@ class CellRunner:
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict:
         if self.is_core:  # the only optimizer state; built before Hello (no heartbeat is due yet)
-            self.trainer = CoreTrainer(self.cfg, self.run_dir, self.clock)
-        welcome = self.link.hello(self.cfg.allocator.hello_timeout_s)
+            self.trainer = CoreTrainer(self.run_dir, **self.training, clock=self.clock)
+        welcome = self.link.hello(self.allocator.hello_timeout_s)
         self.role = welcome.role
         if self.role is Role.ROLLOUT:
             self._busy(self.rollout.start)
@@ -144,8 +149,8 @@ class CellRunner:
         died = self._busy(self.rollout.reap)
         self.link.send(EngineDied(cell=self.cell, **died))
         restarts = len(self.rollout.deaths)
-        if restarts > self.cfg.engine.max_restarts:
-            return self._give_up(f"engine died {restarts} times (engine.max_restarts={self.cfg.engine.max_restarts})")
+        if restarts > self.max_restarts:
+            return self._give_up(f"engine died {restarts} times (engine.max_restarts={self.max_restarts})")
         try:
             timing = self._busy(self.rollout.start)
         except GyreError as exc:
@@ -190,7 +195,8 @@ class CellRunner:
         timing = {}
         if self.trainer is None:
             t0 = self.clock.now()
-            self.trainer = self._busy(SatelliteTrainer, self.cfg, self.run_dir, self.clock)
+            self.trainer = self._busy(lambda: SatelliteTrainer(self.run_dir, **self.training, slots=self.batch_groups,
+                                                                clock=self.clock))
             timing["trainer_init_s"] = self.clock.now() - t0
         t0 = self.clock.now()
         pulled = self._pull()
@@ -275,7 +281,7 @@ class CellRunner:
                 self.work_s += g["seconds"]
         if self.role is not Role.TRAIN:
             return
-        if self.trainer.groups >= self.cfg.scheduler.batch_groups:
+        if self.trainer.groups >= self.batch_groups:
             rec = self._busy(self.trainer.step)  # train.epochs updates + publish: heartbeats go on meanwhile
             # STEPPED is the step's one report: it carries the groups processed since the last TrainProgress, and
             # rank 0 applies it to the allocator's state in the pass its hub takes it (no TrainProgress for a step)

@@ -14,15 +14,15 @@ start with a message naming the key to set.
 """
 from __future__ import annotations
 
-from gyre_hpc.config import GyreConfig
+from gyre_hpc.config import EngineConfig, ModelConfig
 from gyre_hpc.errors import EngineError
 
 
-def start_model_dir(cfg: GyreConfig) -> str | None:
+def start_model_dir(engine: EngineConfig, model: ModelConfig) -> str | None:
     """The directory ``engine.model_path`` takes when the cell starts its engine (see the module docstring)."""
-    if cfg.engine.kind == "local":
-        return cfg.engine.model_path
-    path = cfg.engine.model_path or cfg.model.hf_path
+    if engine.kind == "local":
+        return engine.model_path
+    path = engine.model_path or model.hf_path
     if path is None:
         raise EngineError("engine.kind=sglang serves a Hugging Face model directory: set model.hf_path "
                           "(gyre model init --arch qwen3 --out DIR), or leave it null with a Qwen3-format model "

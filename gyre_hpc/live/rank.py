@@ -31,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-from gyre_hpc.config import to_dict
+from gyre_hpc.config import GyreConfig, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
 from gyre_hpc.live.launch import LAUNCHED_ENV
 from gyre_hpc.resume import PREEMPTED_EXIT
@@ -58,7 +58,7 @@ def early_preemption(rank: bool):
     return pending
 
 
-def check_resume_config(cfg, run_dir: Path) -> None:
+def check_resume_config(cfg: GyreConfig, run_dir: Path) -> None:
     """A resume continues the run in ``run_dir``: its config may differ from RUN_DIR/config.yaml only in the keys
     ``gyre_hpc.resume.may_change`` allows (steps, run directory name, timeouts, retries, slurm.*)."""
     from gyre_hpc import resume
@@ -74,7 +74,7 @@ def check_resume_config(cfg, run_dir: Path) -> None:
                           f"and slurm.* may change)")
 
 
-def run_rank(cfg, args: argparse.Namespace, preemption=None) -> int:
+def run_rank(cfg: GyreConfig, args: argparse.Namespace, preemption=None) -> int:
     """One rank of the live run: rank 0 drives, the others run their cell. ``preemption`` was installed before
     anything heavy (``early_preemption``; installed here for a caller that has not: the submitit task)."""
     if preemption is None:
@@ -110,7 +110,7 @@ def run_rank(cfg, args: argparse.Namespace, preemption=None) -> int:
             preemption.ignore()  # a late signal must not kill this rank in MPI_Finalize (live/preempt.py)
 
 
-def _shared_initial_model(cfg, run_dir: Path, comm, rank: int):
+def _shared_initial_model(cfg: GyreConfig, run_dir: Path, comm, rank: int):
     """Ranks started without the launcher (srun, submitit) on a new run: rank 0 writes RUN_DIR/model/init (if the
     launcher has not), the others wait for it (a broadcast), then every rank derives the same config. ``cfg`` is
     the config as loaded, alike on every rank, so every rank takes the same branch."""
@@ -133,7 +133,7 @@ def _check_resume_files(run_dir: Path) -> None:
         resume.check_files(run_dir, resume.load(run_dir))
 
 
-def _last_event_t(cfg, run_dir: Path) -> float:
+def _last_event_t(cfg: GyreConfig, run_dir: Path) -> float:
     """Where a resumed run's time line starts: after the last event of the earlier segments (0 for a new run)."""
     from gyre_hpc import resume
     from gyre_hpc.allocator.eventlog import read_events
@@ -169,7 +169,7 @@ def _abort_world_on_error(rank: int, run_dir: Path | None = None):
         MPI.COMM_WORLD.Abort(1)
 
 
-def _role(cfg, args: argparse.Namespace, run_dir: Path, transport, comm, preemption) -> int:
+def _role(cfg: GyreConfig, args: argparse.Namespace, run_dir: Path, transport, comm, preemption) -> int:
     if transport.rank == 0:
         from gyre_hpc.live import lost
         from gyre_hpc.live.root import run_root
@@ -194,7 +194,9 @@ def _role(cfg, args: argparse.Namespace, run_dir: Path, transport, comm, preempt
         from gyre_hpc.live.cell_runner import CellRunner
 
         proxy_url = comm.bcast(None, root=0)
-        runner = CellRunner(cfg, run_dir, transport, comm, proxy_url, preemption)
+        runner = CellRunner(run_dir, transport, comm, proxy_url, preemption, allocator=cfg.allocator,
+                            engine=cfg.engine, model=cfg.model, train=cfg.train, transfer=cfg.transfer,
+                            proxy=cfg.proxy, seed=cfg.run.seed, batch_groups=cfg.scheduler.batch_groups)
         runner.run()
         preempted = runner.preempted
     return PREEMPTED_EXIT if preempted else 0

@@ -37,7 +37,7 @@ from pathlib import Path
 from gyre_hpc.live import store
 from gyre_hpc.clock import Clock, WallClock, wait_until
 from gyre_hpc.live.engine_weights import start_model_dir
-from gyre_hpc.config import GyreConfig
+from gyre_hpc.config import EngineConfig, ModelConfig, ProxyConfig, TransferConfig
 from gyre_hpc.errors import EngineError, TransferError
 
 PULL_GIVE_UP_S = 60.0  # a rollout cell whose pulls of a published version fail this long raises (TransferError)
@@ -45,8 +45,10 @@ MOVES_WAIT_S = 5.0  # how long reap() waits for the proxy to log the moves of th
 
 
 class RolloutSide:
-    def __init__(self, cfg: GyreConfig, run_dir: Path, cell: int, proxy_url: str, clock: Clock | None = None):
-        self.cfg, self.run_dir, self.cell, self.proxy_url = cfg, run_dir, cell, proxy_url
+    def __init__(self, run_dir: Path, cell: int, proxy_url: str, *, engine: EngineConfig, model: ModelConfig,
+                 transfer: TransferConfig, proxy: ProxyConfig, seed: int, clock: Clock | None = None):
+        self.run_dir, self.cell, self.proxy_url = run_dir, cell, proxy_url
+        self.engine, self.model, self.transfer, self.proxy, self.seed = engine, model, transfer, proxy, seed
         self.clock = clock or WallClock()  # timings, the pull give-up window, death stamps
         self.handle = None
         self.client = None
@@ -76,10 +78,10 @@ class RolloutSide:
             return self._wake()
         t0 = self.clock.now()
         # its initial weights (the seed's, or model.hf_path's: version 0); SGLang serves an HF directory
-        engine = dataclasses.replace(self.cfg.engine, model_path=start_model_dir(self.cfg))
+        engine = dataclasses.replace(self.engine, model_path=start_model_dir(self.engine, self.model))
         self.starts += 1
         logs = self.run_dir / "cells" / f"cell{self.cell}"
-        self.handle = start_engine_on_free_port(engine, self.cfg.model, seed=self.cfg.run.seed,
+        self.handle = start_engine_on_free_port(engine, self.model, seed=self.seed,
                                                 log_path=logs / f"engine-{self.starts}.log", name=f"cell{self.cell}")
         self.client = self.handle.client(timeout=engine.request_timeout_s)
         self.pusher = self._pusher()
@@ -117,8 +119,8 @@ class RolloutSide:
 
         from gyre_hpc.engines.weight_sync import group_backend
 
-        return WeightPusher(self.client, host=self.cfg.engine.host, backend=group_backend(self.cfg.engine.device),
-                            timeout_s=self.cfg.transfer.timeout_s * 2.0)
+        return WeightPusher(self.client, host=self.engine.host, backend=group_backend(self.engine.device),
+                            timeout_s=self.transfer.timeout_s * 2.0, clock=self.clock)
 
     def refresh(self) -> bool:
         """Bring a newer published version into the engine (pull, then push); True if one was loaded."""
@@ -162,7 +164,7 @@ class RolloutSide:
         from gyre_hpc.transfer import WeightDescriptor, make_puller
 
         if self.puller is None:
-            self.puller = make_puller(self.cfg.transfer)
+            self.puller = make_puller(self.transfer)
         bad, t0 = 0, self.clock.now()
         while True:
             if not latest.get("descriptor"):
@@ -171,7 +173,7 @@ class RolloutSide:
                 arrays, stats = self.puller.pull(WeightDescriptor.from_dict(latest["descriptor"]))
                 break
             except TransferError as exc:
-                if is_checksum_error(exc) and bad < self.cfg.transfer.checksum_retries:
+                if is_checksum_error(exc) and bad < self.transfer.checksum_retries:
                     bad += 1
                 elif "stale" not in str(exc):
                     raise
@@ -180,7 +182,7 @@ class RolloutSide:
         rec = {"version": int(latest["version"]), "pull_s": self.clock.now() - t0, "bytes": stats.bytes,
                "pull_gb_per_s": stats.gb_per_s, "checksum_ok": stats.checksum_ok, "backend": stats.backend,
                "pull_retries": bad}
-        return engine_tensors(full, self.cfg.model), rec
+        return engine_tensors(full, self.model), rec
 
     def alive(self) -> bool:
         return self.handle is not None and self.handle.alive()
@@ -205,7 +207,7 @@ class RolloutSide:
 
         pid, code, name = self.handle.pid, self.handle.process.returncode, self.name
         self.stop()
-        with ProxyClient(self.proxy_url, timeout=self.cfg.proxy.drain_timeout_s + 30.0) as proxy:
+        with ProxyClient(self.proxy_url, timeout=self.proxy.drain_timeout_s + 30.0) as proxy:
             proxy.mark_dead(engine=name, reason=f"engine process {pid} exited with {code}")  # no-op if it knew
             proxy.remove(engine=name)
             moves = _moves_of(proxy, name, self.clock)
@@ -219,11 +221,11 @@ class RolloutSide:
         from gyre_hpc.proxy.client import ProxyClient
 
         t0 = self.clock.now()
-        with ProxyClient(self.proxy_url, timeout=self.cfg.proxy.drain_timeout_s + 30.0) as proxy:
+        with ProxyClient(self.proxy_url, timeout=self.proxy.drain_timeout_s + 30.0) as proxy:
             drained = proxy.drain(cell=self.cell)
             proxy.remove(cell=self.cell)
         t1 = self.clock.now()
-        if self.cfg.engine.sleep_in_training and self.alive():
+        if self.engine.sleep_in_training and self.alive():
             self.client.release_memory()
             self.asleep = True
             part = "engine_sleep_s"

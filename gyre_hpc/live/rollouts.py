@@ -44,7 +44,7 @@ from gyre_hpc.agents.plugin_harness import PluginHarness
 from gyre_hpc.allocator.messages import GroupsReady, RunsChanged
 from gyre_hpc.live import dataplane as dp
 from gyre_hpc.clock import Clock, WallClock
-from gyre_hpc.config import GyreConfig
+from gyre_hpc.config import AgentConfig, EngineConfig, GraderConfig, ModelConfig, TrajectoryConfig
 from gyre_hpc.errors import GyreError
 from gyre_hpc.allocator.batches import FixedBatches
 from gyre_hpc.trajectory.records import TitoLog, outcome_record, read_tito
@@ -58,17 +58,21 @@ def work_s(groups: list[dp.Group]) -> float:
 
 
 class Rollouts:
-    def __init__(self, cfg: GyreConfig, run_dir: Path, proxy_url: str, offer: Callable[[dp.Group], None],
-                 fixed_batches: bool = False, clock: Clock | None = None):
-        self.cfg, self.run_dir, self.proxy_url, self.offer = cfg, Path(run_dir), proxy_url, offer
+    def __init__(self, run_dir: Path, proxy_url: str, offer: Callable[[dp.Group], None],
+                 fixed_batches: bool = False, clock: Clock | None = None, *, agent: AgentConfig, grader: GraderConfig,
+                 model: ModelConfig, engine: EngineConfig, trajectory: TrajectoryConfig, seed: int, cells: int,
+                 batch_groups: int):
+        """``cells``: ``cluster.cells``; ``batch_groups``: ``scheduler.batch_groups`` (the fixed batches' size)."""
+        self.run_dir, self.proxy_url, self.offer = Path(run_dir), proxy_url, offer
+        self.agent, self.vocab_size, self.trajectory, self.cells = agent, model.vocab_size, trajectory, cells
         self.clock = clock or WallClock()  # groups' admit/ready stamps (wall(): compared with TITO call times)
-        self.batches = FixedBatches[dp.Group](cfg.scheduler.batch_groups) if fixed_batches else None
+        self.batches = FixedBatches[dp.Group](batch_groups) if fixed_batches else None
         self.post: Callable = lambda msg: None
-        self.harness = Harness(cfg.agent, proxy_url, self.run_dir / "tito" / "runs", vocab_size=cfg.model.vocab_size,
-                               seed=cfg.run.seed, proxy=True, context_len=cfg.engine.context_len,
-                               request_timeout_s=cfg.engine.request_timeout_s, clock=self.clock) \
-            if cfg.agent.kind == "synthetic" \
-            else PluginHarness(cfg.agent, cfg.grader, proxy_url, self.run_dir / "tito" / "runs",  # OpenAI endpoint
+        self.harness = Harness(agent, proxy_url, self.run_dir / "tito" / "runs", vocab_size=model.vocab_size,
+                               seed=seed, proxy=True, context_len=engine.context_len,
+                               request_timeout_s=engine.request_timeout_s, clock=self.clock) \
+            if agent.kind == "synthetic" \
+            else PluginHarness(agent, grader, proxy_url, self.run_dir / "tito" / "runs",  # OpenAI endpoint
                                clock=self.clock)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="gyre-harness", daemon=True)
@@ -100,7 +104,7 @@ class Rollouts:
             else:
                 gid, self.next_gid = self.next_gid, self.next_gid + 1
             self.admitted.append(gid)
-            self.started_runs += self.cfg.agent.runs_per_group
+            self.started_runs += self.agent.runs_per_group
             self.futures.append(asyncio.run_coroutine_threadsafe(self._group(gid), self.loop))
         return n
 
@@ -158,7 +162,7 @@ class Rollouts:
         if saved["trained_tokens"] == 0:  # nothing of it trains (or it could not be packed)
             group = dp.Group(saved["gid"], None, 0, gen_versions=tuple(saved["gen_versions"]))
         else:
-            group = self._batch(saved["gid"], read_tito(saved["tito"], self.cfg.model.vocab_size))
+            group = self._batch(saved["gid"], read_tito(saved["tito"], self.vocab_size))
         if group.trained_tokens != saved["trained_tokens"] or list(group.gen_versions) != saved["gen_versions"]:
             raise GyreError(f"{saved['tito']}: rebuilt group {saved['gid']} has {group.trained_tokens} trained "
                             f"tokens of versions {list(group.gen_versions)}; the resume state saved "
@@ -183,7 +187,7 @@ class Rollouts:
         with ProxyClient(self.proxy_url, timeout=60.0) as proxy:
             done = proxy.flush_tito(path.name, [r.run_id for r in results],  # into proxy.tito_dir = RUN_DIR/tito
                                     [outcome_record(r.outcome) for r in results])
-        log = read_tito(path, self.cfg.model.vocab_size)
+        log = read_tito(path, self.vocab_size)
         served = {r: Served(int(n["calls"]), int(n["output_tokens"])) for r, n in done["served"].items()}
         problems = check_group(log, [r.outcome for r in results], served, {r.run_id: r.calls for r in results})
         if problems:
@@ -197,7 +201,7 @@ class Rollouts:
 
         calls = log.calls
         versions = tuple(sorted({int(v) for c in calls for v in c.output_versions}))
-        batch, report = build_batch(log, self.cfg.trajectory)
+        batch, report = build_batch(log, self.trajectory)
         if report.trained_tokens == 0:
             return dp.Group(gid, None, 0, gen_versions=versions)
         return dp.Group(gid, batch, report.trained_tokens, gen_versions=versions)
@@ -205,7 +209,7 @@ class Rollouts:
     async def _monitor(self) -> None:
         from gyre_hpc.proxy.client import ProxyClient
 
-        cells = self.cfg.cluster.cells
+        cells = self.cells
         with ProxyClient(self.proxy_url, timeout=10.0) as proxy:
             while True:
                 await asyncio.sleep(0.25)

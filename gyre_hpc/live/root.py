@@ -180,7 +180,10 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
                   lambda c: server.state.cells[c].role, on_step,
                   burst_open=lambda: batches.burst_open(policy.mu, server.state.burst_steps),
                   on_event=lambda rec: server.log.write(rec))
-        rollouts = Rollouts(cfg, run_dir, proxy.url, hub.offer, fixed_batches=not policy.streaming, clock=clock)
+        rollouts = Rollouts(run_dir, proxy.url, hub.offer, fixed_batches=not policy.streaming, clock=clock,
+                            agent=cfg.agent, grader=cfg.grader, model=cfg.model, engine=cfg.engine,
+                            trajectory=cfg.trajectory, seed=cfg.run.seed, cells=cfg.cluster.cells,
+                            batch_groups=cfg.scheduler.batch_groups)
         preemption.on_signal = rollouts.close  # from the signal on, no group starts or joins the buffer
         if preemption.requested:
             rollouts.close()
@@ -217,7 +220,7 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
     except BaseException as exc:
         where = _resume_after_error(run_dir, locals().get("server"), locals().get("hub"), locals().get("rollouts"),
                                     steps, carry, exc)
-        _error_event(run_dir, cfg, transport, exc, where)
+        _error_event(run_dir, cfg.allocator.events_file, transport, exc, where)
         raise
     finally:
         if proxy is not None:
@@ -231,7 +234,7 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
     summary = _summary(cfg, run_dir, stop, steps, rollouts, end, carry, clock.now() - t0)
     summary.update(live_prediction(run_dir, summary["wall_s"]))  # the simulator's replay of this run
     atomic_write_json(run_dir / "summary.json", summary)
-    _report(run_dir, cfg, steps, rollouts)
+    _report(run_dir, cfg.allocator.events_file, cfg.cluster.cells, steps, rollouts)
     shutil.rmtree(resume.resume_dir(run_dir), ignore_errors=True)  # finished: nothing left to resume
     lost.drop_held(run_dir)
     return summary
@@ -268,13 +271,13 @@ def _resume_after_error(run_dir: Path, server, hub, rollouts, steps: list[dict],
     return str(resume.resume_dir(run_dir))
 
 
-def _error_event(run_dir: Path, cfg: GyreConfig, transport, exc: BaseException, resume_at: str | None) -> None:
+def _error_event(run_dir: Path, events_file: str, transport, exc: BaseException, resume_at: str | None) -> None:
     """An unrecoverable error on rank 0: one ``error`` event in events.jsonl (best effort: the disk may be full)."""
     if isinstance(exc, KeyboardInterrupt):
         return
     rec = {"event": "error", "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500], "resume": resume_at}
     try:
-        log = EventLog(run_dir / cfg.allocator.events_file, transport.clock)
+        log = EventLog(run_dir / events_file, transport.clock)
         try:
             log.write(rec)
         finally:
@@ -333,7 +336,7 @@ def _save_lost(run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollouts
                       "after_signal_s": round(server.teardown.since_s(), 3)})
 
 
-def _summary(cfg, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollouts, end: dict, carry: dict,
+def _summary(cfg: GyreConfig, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollouts, end: dict, carry: dict,
              wall: float) -> dict:
     cells = [json.loads(p.read_text()) for p in sorted((run_dir / "cells").glob("cell*.json"))]
     switches = [s for c in cells for s in c["switches"]]
@@ -397,7 +400,7 @@ def _median(xs: list[float]) -> float | None:
     return xs[len(xs) // 2] if xs else None
 
 
-def _report(run_dir: Path, cfg: GyreConfig, steps: list[dict], rollouts: Rollouts) -> None:
+def _report(run_dir: Path, events_file: str, cells: int, steps: list[dict], rollouts: Rollouts) -> None:
     from gyre_hpc.allocator.eventlog import read_events
     from gyre_hpc.report.live_plots import query_durations, role_timeline, staleness_split
     from gyre_hpc.report.train_plots import reward_curve
@@ -405,7 +408,7 @@ def _report(run_dir: Path, cfg: GyreConfig, steps: list[dict], rollouts: Rollout
     rewards = [s["reward"] for s in steps if s.get("reward") is not None]
     if rewards:
         reward_curve(rewards, run_dir / "reward.png")
-    role_timeline(read_events(run_dir / cfg.allocator.events_file), cfg.cluster.cells, run_dir / "roles.png")
+    role_timeline(read_events(run_dir / events_file), cells, run_dir / "roles.png")
     query_durations([g["seconds"] for g in rollouts.groups], run_dir / "query_durations.png")
     if steps:
         staleness_split(steps, run_dir / "staleness.png")

@@ -56,21 +56,22 @@ import torch
 from gyre_hpc.live import dataplane as dp
 from gyre_hpc.live import store
 from gyre_hpc.clock import Clock, WallClock
-from gyre_hpc.config import GyreConfig
+from gyre_hpc.config import ModelConfig, TrainConfig, TransferConfig
 from gyre_hpc.errors import TransferError
 from gyre_hpc.train import agreement
 from gyre_hpc.transfer.gradients import GradientReceiver, GradientSender
 
 
 class _Side:
-    def __init__(self, cfg: GyreConfig, clock: Clock | None = None):
+    def __init__(self, model: ModelConfig, train: TrainConfig, transfer: TransferConfig, seed: int,
+                 clock: Clock | None = None):
         from gyre_hpc.train.model import init_parallel
         from gyre_hpc.train.step import Trainer
 
-        init_parallel(seed=cfg.run.seed)
-        self.cfg = cfg
+        init_parallel(seed=seed)
+        self.train, self.transfer = train, transfer
         self.clock = clock or WallClock()  # step timings, the satellite's wait for a published version
-        self.trainer = Trainer(cfg.model, cfg.train, cfg.run.seed)
+        self.trainer = Trainer(model, train, seed, clock=self.clock)
 
     def grads(self, group: dp.Group, trainer_old: np.ndarray | None = None) -> tuple[float, dict, float, dict]:
         """(Z, gradients normalised by Z, loss, extra) of one group; Z = 0 when nothing of it trains. ``extra``
@@ -84,14 +85,15 @@ class _Side:
 
 
 class CoreTrainer(_Side):
-    def __init__(self, cfg: GyreConfig, run_dir: Path, clock: Clock | None = None):
+    def __init__(self, run_dir: Path, *, model: ModelConfig, train: TrainConfig, transfer: TransferConfig, seed: int,
+                 clock: Clock | None = None):
         from gyre_hpc.transfer import make_publisher
 
-        super().__init__(cfg, clock)
+        super().__init__(model, train, transfer, seed, clock)
         self.run_dir = run_dir
         self.restored = self._restore()
-        self.publisher = make_publisher(cfg.transfer)
-        self.receiver = GradientReceiver(cfg.transfer)
+        self.publisher = make_publisher(transfer)
+        self.receiver = GradientReceiver(transfer)
         self.reset_step()
         self.ledger = dp.GradLedger(self.version)
         self.unreported = 0
@@ -184,7 +186,7 @@ class CoreTrainer(_Side):
         tokens = int(self.z)
         norm, loss = self._update()
         losses = [loss]
-        for _ in range(1, self.cfg.train.epochs if self.kept else 1):
+        for _ in range(1, self.train.epochs if self.kept else 1):
             self._reset_grads()
             for group in self.kept:
                 self._sum(*self.grads(group, self.trainer_old.get(group.gid))[:3])
@@ -226,14 +228,16 @@ def is_checksum_error(exc: Exception) -> bool:
 
 
 class SatelliteTrainer(_Side):
-    def __init__(self, cfg: GyreConfig, run_dir: Path, clock: Clock | None = None):
+    def __init__(self, run_dir: Path, *, model: ModelConfig, train: TrainConfig, transfer: TransferConfig, seed: int,
+                 slots: int, clock: Clock | None = None):
+        """``slots``: gradient segments in the satellite's buffer (``scheduler.batch_groups``)."""
         from gyre_hpc.transfer import make_puller
 
-        super().__init__(cfg, clock)
+        super().__init__(model, train, transfer, seed, clock)
         self.run_dir = run_dir
-        self.puller = make_puller(cfg.transfer)
+        self.puller = make_puller(transfer)
         shapes = {n: tuple(p.shape) for n, p in self.trainer.model.named_parameters()}
-        self.sender = GradientSender(cfg.transfer, shapes, slots=cfg.scheduler.batch_groups)
+        self.sender = GradientSender(transfer, shapes, slots=slots)
         self.version = -1
         self.pulls: list[dict] = []
         self.pull_retries: list[dict] = []  # pulls retried after a checksum mismatch
@@ -253,7 +257,7 @@ class SatelliteTrainer(_Side):
                 try:
                     arrays, stats = self.puller.pull(WeightDescriptor.from_dict(latest["descriptor"]))
                 except TransferError as exc:
-                    if is_checksum_error(exc) and bad < self.cfg.transfer.checksum_retries:
+                    if is_checksum_error(exc) and bad < self.transfer.checksum_retries:
                         bad += 1
                         self.pull_retries.append({"version": want, "error": str(exc)[:300]})
                         continue  # damaged in flight (or overwritten meanwhile): pull it again
@@ -279,7 +283,7 @@ class SatelliteTrainer(_Side):
         buffer's descriptor instead of the arrays; the group itself and the trainer's logprobs only when the core
         trains it again (``train.epochs > 1``)."""
         desc = self.sender.publish(grads, version, group.gid).to_dict() if grads else None
-        again = self.cfg.train.epochs > 1
+        again = self.train.epochs > 1
         extra = {k: v for k, v in extra.items() if again or k != "trainer_logprob"}
         return {"version": version, "gid": group.gid, "z": z, "grads": desc, "loss": loss, "lag": lag,
                 "seconds": seconds, "group": group if again else None, "extra": extra}

@@ -27,16 +27,17 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from gyre_hpc.config import GyreConfig
 from gyre_hpc.slurm.layout import local_nodes, plan
 from gyre_hpc.slurm_options import parse_signal, time_seconds
 from gyre_hpc.slurm.sbatch import LOCAL_EXPORTS, node_count
 
 
-def timeout_minutes(cfg) -> int:
+def timeout_minutes(cfg: GyreConfig) -> int:
     return max(1, math.ceil(time_seconds(cfg.slurm.time) / 60))
 
 
-def _site(cfg) -> dict[str, Any]:
+def _site(cfg: GyreConfig) -> dict[str, Any]:
     """Partition, account, memory, extra #SBATCH options and job name: shared by every gyre job."""
     s = cfg.slurm
     out: dict[str, Any] = {"name": s.job_name}
@@ -55,7 +56,7 @@ def _site(cfg) -> dict[str, Any]:
     return out
 
 
-def setup_lines(cfg, run_dir: str | Path) -> list[str]:
+def setup_lines(cfg: GyreConfig, run_dir: str | Path) -> list[str]:
     """Shell lines before srun: the environment, the site setup, and the rank placement (SLURM_HOSTFILE)."""
     c, s = cfg.cluster, cfg.slurm
     exports = (LOCAL_EXPORTS if s.local_cluster else ()) + s.exports
@@ -72,7 +73,7 @@ def setup_lines(cfg, run_dir: str | Path) -> list[str]:
     return lines
 
 
-def train_parameters(cfg, run_dir: str | Path) -> dict[str, Any]:
+def train_parameters(cfg: GyreConfig, run_dir: str | Path) -> dict[str, Any]:
     """Keywords of a live training job on SLURM: the allocation, one pmix world of 1 + K tasks."""
     layout = plan(cfg.cluster, local_nodes(cfg.cluster))  # LayoutError before anything is submitted
     srun = [a for a in layout.control_srun_args() if not a.startswith("--nodelist=")]
@@ -85,7 +86,7 @@ def train_parameters(cfg, run_dir: str | Path) -> dict[str, Any]:
     return params
 
 
-def single_task_parameters(cfg, timeout_min: int | None = None) -> dict[str, Any]:
+def single_task_parameters(cfg: GyreConfig, timeout_min: int | None = None) -> dict[str, Any]:
     """Keywords of a one-task job: a simulation element, or the local executor's mpirun launcher."""
     return {**_site(cfg), "timeout_min": timeout_min or timeout_minutes(cfg), "nodes": 1, "tasks_per_node": 1,
             "cpus_per_task": 1}

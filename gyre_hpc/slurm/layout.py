@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from gyre_hpc.config import ClusterConfig
+from gyre_hpc.config import ClusterConfig, GyreConfig
 from gyre_hpc.errors import LayoutError
 from gyre_hpc.slurm.env import SlurmEnv
 
@@ -175,7 +175,7 @@ def _check_gpus(cluster: ClusterConfig, gpus: int, replica: int, gpus_on_node: i
                           f"{cluster.pipeline_parallel} = {replica}; change pipeline_parallel or nodes_per_cell")
 
 
-def check_live_run(cfg) -> Layout:
+def check_live_run(cfg: GyreConfig) -> Layout:
     """Everything a live training run must satisfy before anything is written or submitted: the policy fits the
     cells (``allocator.policies.validate``) and the cells fit a layout (a ``LayoutError`` naming the key)."""
     from gyre_hpc.allocator.policies import validate

@@ -36,6 +36,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from gyre_hpc.config import GyreConfig
 from gyre_hpc.openmpi import LOCAL_EXPORTS
 from gyre_hpc.resume import PREEMPTED_EXIT
 from gyre_hpc.slurm.layout import local_nodes, plan
@@ -48,19 +49,19 @@ SCRIPTS = {
     "sbatch/local_4node.sh": "configs/local_4node.yaml",
 }
 
-def node_count(cfg) -> int:
+def node_count(cfg: GyreConfig) -> int:
     """Nodes the job asks for: every cell's nodes; the allocator shares the first node."""
     return cfg.cluster.cells * cfg.cluster.nodes_per_cell
 
 
-def render_sbatch(cfg, config_path: str, overrides: Sequence[str] = ()) -> str:
+def render_sbatch(cfg: GyreConfig, config_path: str, overrides: Sequence[str] = ()) -> str:
     """The sbatch script that runs ``gyre train config_path`` (with ``--set`` overrides) for ``cfg``."""
     layout = plan(cfg.cluster, local_nodes(cfg.cluster))  # LayoutError before anything is rendered
     return "\n".join(_header(cfg) + _directives(cfg) + _environment(cfg) + _launch(cfg, layout, config_path,
                                                                                      overrides)) + "\n"
 
 
-def _header(cfg) -> list[str]:
+def _header(cfg: GyreConfig) -> list[str]:
     c = cfg.cluster
     gpus = f", {c.gpus_per_node} GPUs each" if c.gpus_per_node else ", CPU only"
     return [
@@ -74,7 +75,7 @@ def _header(cfg) -> list[str]:
     ]
 
 
-def _directives(cfg) -> list[str]:
+def _directives(cfg: GyreConfig) -> list[str]:
     s, c = cfg.slurm, cfg.cluster
     sig, seconds = parse_signal(s.signal)
     out = ["", "# --- resources: every node of every cell, one task per node (the allocator overlaps node 1)",
@@ -100,7 +101,7 @@ def _directives(cfg) -> list[str]:
     return out
 
 
-def _environment(cfg) -> list[str]:
+def _environment(cfg: GyreConfig) -> list[str]:
     s = cfg.slurm
     out = ["", "set -euo pipefail", 'cd "$SLURM_SUBMIT_DIR"']
     if s.setup:
@@ -114,7 +115,7 @@ def _environment(cfg) -> list[str]:
     return out
 
 
-def _launch(cfg, layout, config_path: str, overrides: Sequence[str]) -> list[str]:
+def _launch(cfg: GyreConfig, layout, config_path: str, overrides: Sequence[str]) -> list[str]:
     c, s = cfg.cluster, cfg.slurm
     sig, _ = parse_signal(s.signal)
     run_dir = f"{cfg.run.out_dir}/{cfg.run.name}-$SLURM_JOB_ID"

@@ -36,6 +36,7 @@ from typing import Mapping
 
 import numpy as np
 
+from gyre_hpc.config import TransferConfig
 from gyre_hpc.errors import TransferError
 from gyre_hpc.transfer.base import HEADER_BYTES, WRITING, PullStats, WeightDescriptor, header_bytes
 from gyre_hpc.transfer.manifest import ALIGNMENT, TensorEntry, make_manifest
@@ -65,7 +66,7 @@ def _copy_in(dst: np.ndarray, grad) -> None:
 class GradientSender:
     """A satellite's gradient publisher: ``slots`` segments in one buffer registered once with the backend."""
 
-    def __init__(self, cfg, shapes: Mapping[str, tuple[int, ...]], slots: int):
+    def __init__(self, cfg: TransferConfig, shapes: Mapping[str, tuple[int, ...]], slots: int):
         from gyre_hpc.transfer import make_publisher
 
         if slots < 1:
@@ -135,7 +136,7 @@ class GradientSender:
 class GradientReceiver:
     """The core's gradient puller: ``pull(descriptor dict)`` -> (float32 views, PullStats)."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: TransferConfig):
         from gyre_hpc.transfer import make_puller
 
         self.puller = make_puller(cfg)

@@ -1,11 +1,9 @@
 """``cell.engine_weights``: the directory a rollout cell's engine starts from. SGLang starts on the HF directory
 the trainer's version 0 was loaded from (engine.model_path, else model.hf_path); the local engine keeps its
 configured start. Later versions never come from disk (the one road: tests/integration/test_weight_sync.py)."""
-import dataclasses
-
 import pytest
 
-from gyre_hpc.config import EngineConfig, GyreConfig, ModelConfig
+from gyre_hpc.config import EngineConfig, ModelConfig
 
 pytestmark = [pytest.mark.megatron]
 
@@ -20,18 +18,16 @@ def model_dir(tmp_path_factory):
 def test_sglang_starts_on_the_model_directory_or_engine_model_path(model_dir):
     from gyre_hpc.live.engine_weights import start_model_dir
 
-    cfg = GyreConfig(model=ModelConfig(hf_path=str(model_dir)), engine=EngineConfig(kind="sglang"))
-    assert start_model_dir(cfg) == str(model_dir)
-    other = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, model_path="/elsewhere"))
-    assert start_model_dir(other) == "/elsewhere"
+    model = ModelConfig(hf_path=str(model_dir))
+    assert start_model_dir(EngineConfig(kind="sglang"), model) == str(model_dir)
+    assert start_model_dir(EngineConfig(kind="sglang", model_path="/elsewhere"), model) == "/elsewhere"
 
 
 def test_the_local_engine_keeps_its_configured_start(model_dir):
     from gyre_hpc.live.engine_weights import start_model_dir
 
-    assert start_model_dir(GyreConfig(engine=EngineConfig(kind="local"))) is None
-    cfg = GyreConfig(model=ModelConfig(hf_path=str(model_dir)), engine=EngineConfig(kind="local", model_path="/x"))
-    assert start_model_dir(cfg) == "/x"
+    assert start_model_dir(EngineConfig(kind="local"), ModelConfig()) is None
+    assert start_model_dir(EngineConfig(kind="local", model_path="/x"), ModelConfig(hf_path=str(model_dir))) == "/x"
 
 
 def test_sglang_without_a_model_directory_is_refused_naming_the_key():
@@ -39,4 +35,4 @@ def test_sglang_without_a_model_directory_is_refused_naming_the_key():
     from gyre_hpc.errors import EngineError
 
     with pytest.raises(EngineError, match="model.hf_path"):
-        start_model_dir(GyreConfig(engine=EngineConfig(kind="sglang")))
+        start_model_dir(EngineConfig(kind="sglang"), ModelConfig())

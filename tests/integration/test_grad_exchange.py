@@ -37,8 +37,9 @@ def cells(tmp_path_factory):
     torch.set_num_threads(1)
     run_dir = tmp_path_factory.mktemp("run")
     cfg = load_config("configs/local.yaml", OVERRIDES)
-    core = CoreTrainer(cfg, run_dir)
-    satellite = SatelliteTrainer(cfg, run_dir)
+    sections = dict(model=cfg.model, train=cfg.train, transfer=cfg.transfer, seed=cfg.run.seed)
+    core = CoreTrainer(run_dir, **sections)
+    satellite = SatelliteTrainer(run_dir, **sections, slots=cfg.scheduler.batch_groups)
     satellite.ensure(0, timeout_s=60)
     yield core, satellite
     satellite.close()

@@ -124,7 +124,9 @@ def group_run(tmp_path):
         relay = Relay(int(proxy.url.rsplit(":", 1)[1]), drop)
         made.append(relay.stop)
         offered, done = [], threading.Event()
-        rollouts = Rollouts(cfg, tmp_path, relay.url, lambda g: (offered.append(g), done.set()))
+        rollouts = Rollouts(tmp_path, relay.url, lambda g: (offered.append(g), done.set()), agent=cfg.agent,
+                            grader=cfg.grader, model=cfg.model, engine=cfg.engine, trajectory=cfg.trajectory,
+                            seed=cfg.run.seed, cells=cfg.cluster.cells, batch_groups=cfg.scheduler.batch_groups)
         made.append(rollouts.stop)
         assert rollouts.admit(1) == 1
         assert done.wait(120), "the group never became ready"

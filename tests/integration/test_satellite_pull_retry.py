@@ -32,8 +32,9 @@ def core_and_satellite(tmp_path_factory):
 
     run_dir = tmp_path_factory.mktemp("run")
     cfg = load_config("configs/local.yaml", ["transfer.backend=inprocess", "transfer.checksum_retries=2"])
-    core = CoreTrainer(cfg, run_dir)
-    satellite = SatelliteTrainer(cfg, run_dir)
+    sections = dict(model=cfg.model, train=cfg.train, transfer=cfg.transfer, seed=cfg.run.seed)
+    core = CoreTrainer(run_dir, **sections)
+    satellite = SatelliteTrainer(run_dir, **sections, slots=cfg.scheduler.batch_groups)
     yield core, satellite
     satellite.close()
     core.close()

@@ -11,6 +11,7 @@ from typing import Any
 
 from gyre_hpc.allocator.policies import make_policy, validate
 from gyre_hpc.clock import WallClock
+from gyre_hpc.config import GyreConfig
 from gyre_hpc.allocator.sim import workload as workload_mod
 from gyre_hpc.allocator.sim.metrics import summarize
 from gyre_hpc.allocator.sim.simulator import Simulation
@@ -20,17 +21,17 @@ WORKLOAD_KEYS = ("frac_queries_ge_4h", "frac_queries_hit_timeout", "frac_queries
                  "query_hours_mean", "tokens_per_run_mean", "trained_tokens_per_run_mean")
 
 
-def validate_all(cfg: Any) -> None:
+def validate_all(cfg: GyreConfig) -> None:
     for name in cfg.sim.policies:
         validate(name, cfg.scheduler, cfg.cluster.cells)
 
 
-def queries_needed(cfg: Any) -> int:
+def queries_needed(cfg: GyreConfig) -> int:
     b = cfg.scheduler.batch_groups
     return int((cfg.sim.steps + cfg.scheduler.max_window_batches + 2) * b)
 
 
-def simulate_policy(cfg: Any, name: str, wl: workload_mod.Workload) -> tuple[Simulation, dict[str, float]]:
+def simulate_policy(cfg: GyreConfig, name: str, wl: workload_mod.Workload) -> tuple[Simulation, dict[str, float]]:
     policy = make_policy(name, cfg.scheduler, cfg.cluster.cells)
     sim = Simulation(policy, cfg.sim, cfg.scheduler, wl, cfg.cluster.cells, cfg.workload.timeout_h * 3600.0)
     compute = WallClock()  # the simulator's own compute time (its clock is virtual)
@@ -38,7 +39,7 @@ def simulate_policy(cfg: Any, name: str, wl: workload_mod.Workload) -> tuple[Sim
     return sim, summarize(sim, end, compute.now())
 
 
-def compare(cfg: Any) -> tuple[dict[str, Any], dict[str, Simulation]]:
+def compare(cfg: GyreConfig) -> tuple[dict[str, Any], dict[str, Simulation]]:
     """(JSON-ready result, the Simulation objects for plots) for every policy in ``cfg.sim.policies``."""
     validate_all(cfg)
     wl = workload_mod.load(cfg.workload, cfg.sim, queries_needed(cfg), cfg.run.seed,

@@ -257,7 +257,7 @@ def replay_config(run: LiveRun, cal: Calibration, policies: Sequence[str], overr
     return build(GyreConfig, apply_overrides(data, overrides))
 
 
-def _valid(name: str, cfg: Any) -> str | None:
+def _valid(name: str, cfg: GyreConfig) -> str | None:
     try:
         validate(name, cfg.scheduler, cfg.cluster.cells)
     except GyreError as exc:
@@ -300,7 +300,7 @@ def _prediction(r: dict, wall: float | None, span: float) -> dict:
     return out
 
 
-def _result(run: LiveRun, cal: Calibration, cfg: Any, predicted: dict, skipped: dict) -> dict:
+def _result(run: LiveRun, cal: Calibration, cfg: GyreConfig, predicted: dict, skipped: dict) -> dict:
     live = predicted.get(run.cfg.scheduler.policy, {})
     sim_keys = ("train_tok_s_per_cell", "optimizer_s", "to_train_s", "to_rollout_s")
     pull = {"pull_s": cfg.sim.weight_bytes / cfg.sim.pull_bytes_per_s}

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from gyre_hpc.allocator.sim.compare import queries_needed, simulate_policy, validate_all
 from gyre_hpc.allocator.sim.workload import Workload
-from gyre_hpc.config import apply_overrides, build, to_dict
+from gyre_hpc.config import GyreConfig, apply_overrides, build, to_dict
 from gyre_hpc.errors import ConfigError, SchedulingError
 
 SPACE = ("theta", "tau_s", "mu", "async_train_cells")
@@ -52,7 +52,7 @@ class Tuning:
         return {"scheduler": {k: self.best[k] for k in SPACE}}
 
 
-def grid(key: str, cfg: Any, query_s: float) -> list[Any]:
+def grid(key: str, cfg: GyreConfig, query_s: float) -> list[Any]:
     """The values tried for ``key`` (always including the config's own)."""
     s = cfg.scheduler
     if key == "theta":
@@ -68,17 +68,17 @@ def grid(key: str, cfg: Any, query_s: float) -> list[Any]:
     return sorted(set(values) | {own})
 
 
-def _relevant(cfg: Any) -> list[str]:
+def _relevant(cfg: GyreConfig) -> list[str]:
     keys = {k for name in cfg.sim.policies for k in READS[name]}
     return [k for k in SPACE if k in keys]
 
 
-def _with(cfg: Any, point: dict[str, Any]) -> Any:
+def _with(cfg: GyreConfig, point: dict[str, Any]) -> Any:
     data = apply_overrides(to_dict(cfg), [f"scheduler.{k}={v}" for k, v in point.items()], type(cfg))
     return build(type(cfg), data)
 
 
-def evaluate(cfg: Any, wl: Workload) -> tuple[float, dict[str, float], bool]:
+def evaluate(cfg: GyreConfig, wl: Workload) -> tuple[float, dict[str, float], bool]:
     """(objective, hours per policy, feasible) of ``cfg`` on ``wl``; a stalled simulation is infeasible."""
     hours, feasible = {}, True
     bound = STALENESS_SLACK * cfg.scheduler.staleness_target
@@ -93,7 +93,7 @@ def evaluate(cfg: Any, wl: Workload) -> tuple[float, dict[str, float], bool]:
     return score, hours, feasible
 
 
-def tune(cfg: Any, wl: Workload, budget: int = 24, query_s: float = 3600.0,
+def tune(cfg: GyreConfig, wl: Workload, budget: int = 24, query_s: float = 3600.0,
          progress: Callable[[str], None] | None = None) -> Tuning:
     """Coordinate descent over ``SPACE`` (module docstring); ``wl`` must hold ``queries_needed(cfg)`` queries."""
     if budget < 1:
@@ -136,7 +136,7 @@ def tune(cfg: Any, wl: Workload, budget: int = 24, query_s: float = 3600.0,
     return Tuning(start, best, best_hours, best_s, start_s, record)
 
 
-def workload_for(cfg: Any) -> Workload:
+def workload_for(cfg: GyreConfig) -> Workload:
     """The workload ``gyre simulate`` would use for ``cfg``."""
     from gyre_hpc.allocator.sim import workload as workload_mod
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from gyre_hpc.allocator.sim.compare import compare
-from gyre_hpc.config import apply_overrides, build, to_dict
+from gyre_hpc.config import GyreConfig, apply_overrides, build, to_dict
 
 #: inputs whose uncertainty is propagated: the workload model's and the cell physics' measured quantities
 WORKLOAD_INPUTS = ("workload.turns_median", "workload.query_sigma", "workload.run_sigma",
@@ -31,20 +31,20 @@ WORKLOAD_INPUTS = ("workload.turns_median", "workload.query_sigma", "workload.ru
 SIM_INPUTS = ("sim.decode_tok_s", "sim.train_tok_s_per_cell", "sim.half_load", "sim.optimizer_s")
 
 
-def inputs(cfg: Any) -> tuple[str, ...]:
+def inputs(cfg: GyreConfig) -> tuple[str, ...]:
     return SIM_INPUTS if cfg.workload.trace is not None else WORKLOAD_INPUTS + SIM_INPUTS
 
 
-def _get(cfg: Any, key: str) -> float:
+def _get(cfg: GyreConfig, key: str) -> float:
     section, name = key.split(".")
     return getattr(getattr(cfg, section), name)
 
 
-def _with(cfg: Any, sets: list[str]) -> Any:
+def _with(cfg: GyreConfig, sets: list[str]) -> Any:
     return build(type(cfg), apply_overrides(to_dict(cfg), sets, type(cfg)))
 
 
-def _scaled(cfg: Any, factors: dict[str, float]) -> Any:
+def _scaled(cfg: GyreConfig, factors: dict[str, float]) -> Any:
     sets = []
     for key, f in factors.items():
         v = _get(cfg, key) * f
@@ -60,7 +60,7 @@ def _stats(xs: list[float]) -> dict[str, float]:
             "p10": float(np.percentile(a, 10)), "p90": float(np.percentile(a, 90))}
 
 
-def band(cfg: Any, seeds: int, perturb: float = 0.0) -> dict[str, Any]:
+def band(cfg: GyreConfig, seeds: int, perturb: float = 0.0) -> dict[str, Any]:
     """Per policy: ``{"hours": stats, "vs_gyre": stats}`` over ``seeds`` samples (module docstring)."""
     hours: dict[str, list[float]] = {name: [] for name in cfg.sim.policies}
     keys = inputs(cfg)
@@ -81,7 +81,7 @@ def band(cfg: Any, seeds: int, perturb: float = 0.0) -> dict[str, Any]:
     return out
 
 
-def sensitivity(cfg: Any, frac: float) -> list[dict[str, Any]]:
+def sensitivity(cfg: GyreConfig, frac: float) -> list[dict[str, Any]]:
     """Inputs ranked by the largest relative change (%) of any policy's hours at ``x (1 +- frac)``."""
     base, _ = compare(cfg)
     base_h = {n: r["hours"] for n, r in base["policies"].items()}
