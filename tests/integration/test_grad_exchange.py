@@ -107,7 +107,7 @@ def test_a_satellite_leaving_mid_step_costs_its_copy_not_the_step(cells):
     shapes = {n: tuple(p.shape) for n, p in satellite.trainer.model.named_parameters()}
     msg, _ = satellite_message(satellite, 0, g1)
     satellite.sender.close()  # the satellite leaves after sending its header, before the core pulls
-    satellite.sender = GradientSender(satellite.cfg.transfer, shapes, slots=2)  # (for the module's teardown)
+    satellite.sender = GradientSender(satellite.transfer, shapes, slots=2)  # (for the module's teardown)
     assert core.add_remote(msg) is False
     assert core.ledger.dropped[-1]["why"] == "pull failed" and core.ledger.dropped[-1]["gid"] == 11
     for g in (g0, g1):  # the hub re-issues the lost group: here to the core itself
