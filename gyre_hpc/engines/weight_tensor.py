@@ -99,6 +99,15 @@ def deserialize(data: bytes) -> list[tuple[str, torch.Tensor]]:
     return list(named)
 
 
+def make_pusher(engine_cfg, client, timeout_s: float = 60.0):
+    """The pusher ``engine.weight_road`` names for ``client``'s engine (a ``WeightPusher`` or a ``TensorPusher``)."""
+    from gyre_hpc.engines.weight_sync import WeightPusher, group_backend
+
+    if engine_cfg.weight_road == "tensor":
+        return TensorPusher(client)
+    return WeightPusher(client, host=engine_cfg.host, backend=group_backend(engine_cfg.device), timeout_s=timeout_s)
+
+
 def encode(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 

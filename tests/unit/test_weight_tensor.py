@@ -49,3 +49,13 @@ def test_a_payload_that_is_not_a_list_of_name_tensor_pairs_is_refused():
         deserialize(pickle.dumps({"x": 1}))
     with pytest.raises(EngineError):
         deserialize(b"not a pickle")
+
+
+def test_engine_weight_road_picks_the_pusher():
+    from gyre_hpc.config import EngineConfig
+    from gyre_hpc.engines.weight_sync import WeightPusher
+    from gyre_hpc.engines.weight_tensor import TensorPusher, make_pusher
+
+    client = object()  # the pushers only keep it until a push
+    assert type(make_pusher(EngineConfig(), client)) is WeightPusher
+    assert type(make_pusher(EngineConfig(weight_road="tensor"), client)) is TensorPusher
