@@ -244,20 +244,21 @@ def test_tensor_weight_updates_must_be_wrapped_in_begin_and_end(client):
 
 
 # ------------------------------------------------------------------------------------ distributed weights
-def _other_weights(kind: str, tmp) -> dict:
-    """Weights of the engine's architecture that differ from the ones it serves, under the names it loads."""
+def _other_weights(kind: str, tmp, seed: int = 1) -> dict:
+    """Weights of the engine's architecture that differ from the ones it serves, under the names it loads (each
+    ``seed`` its own: a test that loads them changes what the engine serves for the tests after it)."""
     if kind == "local":
         import torch
 
         from gyre_hpc.engines.weight_sync import engine_tensors
         from gyre_hpc.train.model import build_model
 
-        state = {k: v for k, v in build_model(ModelConfig(), seed=7).state_dict().items() if isinstance(v, torch.Tensor)}
+        state = {k: v for k, v in build_model(ModelConfig(), seed=6 + seed).state_dict().items() if isinstance(v, torch.Tensor)}
         return engine_tensors(state, ModelConfig())
     from gyre_hpc.train.hf_io import read_safetensors
     from gyre_hpc.models.init import init_model
 
-    return read_safetensors(init_model("qwen3", tmp / "qwen3-other", head_dim=16, ffn=128, seed=1))
+    return read_safetensors(init_model("qwen3", tmp / "qwen3-other", head_dim=16, ffn=128, seed=seed))
 
 
 def test_a_distributed_weight_update_shows_in_model_info_and_generation_and_splits_in_flight_spans(
@@ -290,7 +291,7 @@ def test_a_tensor_weight_update_shows_in_model_info_and_generation_and_splits_in
     """The tensor road: SGLang's serialization (ForkingPickler, storages shared by file name on this host)."""
     greedy = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
     before = client.generate(PROMPT, greedy).output_ids
-    tensors = _other_weights(served.kind, tmp_path_factory.mktemp("other-weights-tensor"))
+    tensors = _other_weights(served.kind, tmp_path_factory.mktemp("other-weights-tensor"), seed=2)
     old = client.weight_version()
     new = f"{old}-tensor"
     bg = _decoding(client, HELD)
