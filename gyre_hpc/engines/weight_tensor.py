@@ -31,6 +31,8 @@ Invariants
 - An update is always closed (``/end_weight_update`` after a successful ``/begin_weight_update``,
   ``/continue_generation`` after ``/pause_generation``) and never aborts: the version is tagged with
   ``abort_all_requests: false``.
+- Serializing moves the caller's CPU tensors into shared memory in place (torch's ``share_memory_``): pass
+  tensors the caller owns (a pull's), not a model's parameters.
 - The sender holds its tensors until the engine answered, so the shared files exist while the engine maps them.
   A refused update leaves the files until the sender's process ends (torch's shared-memory manager unlinks what
   a dead client created); nothing else can leak them.
