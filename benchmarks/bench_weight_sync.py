@@ -1,4 +1,5 @@
-"""Weight sync into a running engine, by road: distributed (the hot path) vs disk, against memcpy and a loopback socket.
+"""Weight sync into a running engine, by road: distributed (the hot path), tensor and disk, against memcpy and a
+loopback socket.
 
 For each model (the tiny default, and a ~100M-parameter one of the same family: hidden 768, 10 layers, vocab 8192)
 one local engine is started on its seed's weights, and the same new weights (another seed, HF names) reach it by:
@@ -7,7 +8,9 @@ one local engine is started on its seed's weights, and the same new weights (ano
   broadcast over loopback, ``/update_weight_version``, end, continue); the group is built once, before timing;
 - ``disk``: ``save_weights`` (torch.save of megatron tensors + checksum, what the core used to write for engines)
   then ``/update_weights_from_disk`` (read, checksum, load); both parts are reported;
-- ``tensor``: not measured: the local engine does not implement ``/update_weights_from_tensor`` (400).
+- ``tensor``: ``TensorPusher.push`` (pause in place, begin, ``/update_weights_from_tensor`` with SGLang's
+  serialization: the storages moved into shared-memory files, their names in the request; the engine maps and
+  loads them; ``/update_weight_version``, end, continue); fresh tensors each time, as a pull gives the cell;
 
 Baselines measured in the same run over the same bytes: ``memcpy`` (torch ``copy_`` into preallocated tensors,
 one thread) and ``socket`` (sendall/recv_into over a loopback TCP connection between two threads). Repeats are
@@ -34,6 +37,7 @@ import torch
 from gyre_hpc.config import EngineConfig, ModelConfig
 from gyre_hpc.engines.launch import free_port, start_engine
 from gyre_hpc.engines.weight_sync import WeightPusher, engine_tensors
+from gyre_hpc.engines.weight_tensor import TensorPusher
 from gyre_hpc.engines.weights import save_weights, weights_checksum
 from gyre_hpc.train.model import build_model
 
@@ -50,6 +54,10 @@ def state_of(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
 
 def nbytes(state) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def _fresh(state) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in state.items()}
 
 
 def memcpy_s(state) -> float:
@@ -98,15 +106,22 @@ def measure(name: str, cfg: ModelConfig, repeats: int, tmp: Path) -> dict:
     handle = start_engine(engine_cfg, cfg, port=free_port(), log_path=tmp / f"engine-{name}.log", name="bench")
     client = handle.client(timeout=600.0)
     pusher = WeightPusher(client, timeout_s=600.0)
-    times: dict[str, list[float]] = {k: [] for k in ("distributed", "disk", "disk_write", "disk_load", "memcpy",
-                                                     "socket")}
+    tensor_pusher = TensorPusher(client, retries=0)
+    times: dict[str, list[float]] = {k: [] for k in ("distributed", "tensor", "disk", "disk_write", "disk_load",
+                                                     "memcpy", "socket")}
     try:
         pusher.connect()
         pusher.push(send, "warmup")  # warm-up: page faults on both sides, not counted
+        tensor_pusher.push(_fresh(send), "warmup-t")
         for r in range(repeats):
             t0 = time.perf_counter()
             pusher.push(send, f"d{r}")
             times["distributed"].append(time.perf_counter() - t0)
+            fresh = _fresh(send)  # a pull hands the cell new tensors each version: their storages are not shared yet
+            t0 = time.perf_counter()
+            tensor_pusher.push(fresh, f"t{r}")
+            times["tensor"].append(time.perf_counter() - t0)
+            del fresh
             t0 = time.perf_counter()
             path = save_weights(tmp / f"{name}-v{r}", new, f"k{r}")
             t1 = time.perf_counter()
@@ -120,6 +135,9 @@ def measure(name: str, cfg: ModelConfig, repeats: int, tmp: Path) -> dict:
         assert client.weights_checksum() == weights_checksum(new)  # the last sync (disk) loaded exactly these
         pusher.push(send, "check")
         assert client.weights_checksum() == weights_checksum(new)  # and so does the road (HF names mapped back)
+        client.update_weights_from_disk(str(save_weights(tmp / f"{name}-old", state_of(cfg, seed=0), "old")), "old")
+        tensor_pusher.push(_fresh(send), "check-t")
+        assert client.weights_checksum() == weights_checksum(new)  # and the tensor road
     finally:
         pusher.close()
         client.close()
@@ -134,7 +152,7 @@ def table(results: list[dict]) -> list[str]:
     rows = ["| model | params | MB | road | median s | GB/s | vs memcpy | vs socket |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         m, g = r["median_s"], r["gb_per_s"]
-        for road in ("distributed", "disk", "disk_write", "disk_load", "memcpy", "socket"):
+        for road in ("distributed", "tensor", "disk", "disk_write", "disk_load", "memcpy", "socket"):
             rows.append(f"| {r['model']} | {r['params'] / 1e6:.1f} M | {r['bytes'] / 1e6:.1f} | {road} | "
                         f"{m[road]:.4f} | {g[road]:.3f} | {m['memcpy'] / m[road]:.3f} | {m['socket'] / m[road]:.3f} |")
     return rows

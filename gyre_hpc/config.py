@@ -273,6 +273,10 @@ class EngineConfig:
               "on cpu (SGLang's own choice there takes most of the machine's memory), SGLang's choice on cuda.")
     max_restarts: int = param(3, "Times a rollout cell restarts its engine after the process died on its own; "
                                  "at one more death the cell gives up (CellFailed, the allocator marks it LOST).")
+    weight_road: Literal["distributed", "tensor"] = param(
+        "distributed", "How a rollout cell pushes a new version into its engine (docs/weights.md): distributed = "
+                       "/update_weights_from_distributed (a gloo/nccl broadcast); tensor = /update_weights_from_tensor "
+                       "(the tensors in shared-memory files on the cell's host, SGLang's serialization).")
     sleep_in_training: bool = param(
         False, "A cell that switches to training puts its engine to sleep (/release_memory_occupation) instead of "
                "stopping it, and wakes it (/resume_memory_occupation, then the newest weights) when it returns: a "

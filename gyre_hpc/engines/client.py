@@ -162,6 +162,14 @@ class _Specs:
             body["weight_version"] = str(version)
         return _Spec("POST", "/update_weights_from_distributed", body, _json)
 
+    @staticmethod
+    def update_weights_from_tensor(serialized: Sequence[str], version: str | None, flush_cache: bool) -> _Spec:
+        body = {"serialized_named_tensors": list(serialized), "load_format": None, "flush_cache": flush_cache,
+                "abort_all_requests": False}
+        if version is not None:
+            body["weight_version"] = str(version)
+        return _Spec("POST", "/update_weights_from_tensor", body, _json)
+
 
 def _check(url: str, spec: _Spec, resp: httpx.Response) -> Any:
     if resp.status_code >= 400:
@@ -252,6 +260,11 @@ class EngineClient:
 
     def destroy_weights_update_group(self, group_name: str) -> dict:
         return self._call(_Specs.destroy_weights_update_group(group_name))
+
+    def update_weights_from_tensor(self, serialized: Sequence[str], version: str | None = None,
+                                   flush_cache: bool = False) -> dict:
+        """Load tensors shared on this host (``engines.weight_tensor``: base64 pickles, one per TP rank)."""
+        return self._call(_Specs.update_weights_from_tensor(serialized, version, flush_cache))
 
     def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
                                         shapes: Sequence[Sequence[int]], version: str | None = None,
@@ -361,6 +374,10 @@ class AsyncEngineClient:
 
     async def destroy_weights_update_group(self, group_name: str) -> dict:
         return await self._call(_Specs.destroy_weights_update_group(group_name))
+
+    async def update_weights_from_tensor(self, serialized: Sequence[str], version: str | None = None,
+                                         flush_cache: bool = False) -> dict:
+        return await self._call(_Specs.update_weights_from_tensor(serialized, version, flush_cache))
 
     async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
                                               shapes: Sequence[Sequence[int]], version: str | None = None,

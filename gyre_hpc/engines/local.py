@@ -14,8 +14,8 @@ Endpoints (SGLang 0.5.23 names and shapes; see docs/engines.md for what the loca
 ``/flush_cache``, ``/health``, ``/health_generate``, ``/model_info``, ``/server_info``, ``/v1/loads``, and the
 KV mover's ``/kv/export``, ``/kv/import``, ``/kv/release`` (``kvroutes``; local engine only);
 ``/init_weights_update_group``, ``/update_weights_from_distributed``, ``/destroy_weights_update_group`` (gloo;
-``weight_routes``: the hot path of new weights, ``engines.weight_sync``); ``/update_weights_from_tensor`` answers
-400 (outside begin/end, as SGLang; inside, because the local engine does not implement it).
+``weight_routes``: the hot path of new weights, ``engines.weight_sync``); ``/update_weights_from_tensor`` (tensors
+shared on this host, ``engines.weight_tensor``; 400 outside begin/end, as SGLang).
 
 Invariants
 - Every refused request gets SGLang's error shape ``{"error": {"message": ...}}`` with 400 (bad input), 503
@@ -95,7 +95,6 @@ class LocalEngine:
         add("/begin_weight_update", self.begin_weight_update, methods=["POST"])
         add("/end_weight_update", self.end_weight_update, methods=["POST"])
         add("/update_weights_from_disk", self.update_weights_from_disk, methods=["POST"])
-        add("/update_weights_from_tensor", self.unsupported_update, methods=["POST"])
         add_weight_routes(app, self)
         add("/update_weight_version", self.update_weight_version, methods=["POST"])
         add("/release_memory_occupation", self.release_memory_occupation, methods=["GET", "POST"])
@@ -170,13 +169,6 @@ class LocalEngine:
         if upd.weight_version is not None:
             message += f" Weight version updated to {upd.weight_version}."
         return {"success": True, "message": message, "num_paused_requests": 0}
-
-    async def unsupported_update(self, request: Request):
-        if not self.in_weight_update:
-            msg = f"{request.url.path} must be wrapped in /begin_weight_update ... /end_weight_update"
-        else:
-            msg = f"{request.url.path} is not supported by the local engine; use /update_weights_from_distributed"
-        return JSONResponse({"success": False, "message": msg}, 400)
 
     async def update_weight_version(self, request: Request):
         version, abort_all = P.parse_update_weight_version(await _json(request))

@@ -1,6 +1,7 @@
-"""The local engine's distributed weight update: ``/init_weights_update_group``, ``/update_weights_from_distributed``,
+"""The local engine's weight updates: ``/init_weights_update_group``, ``/update_weights_from_distributed``,
 ``/destroy_weights_update_group`` (SGLang 0.5.23's names, bodies and answers; the sender is
-``gyre_hpc.engines.weight_sync.WeightPusher``).
+``gyre_hpc.engines.weight_sync.WeightPusher``), and ``/update_weights_from_tensor`` (tensors shared on this host,
+SGLang's serialization; the sender is ``gyre_hpc.engines.weight_tensor.TensorPusher``).
 
 The engine joins a torch group (gloo on CPU) as ``rank_offset``; an update receives one broadcast per announced
 tensor from group rank 0, in the announced order, into fresh tensors (generation goes on meanwhile with the old
@@ -8,8 +9,9 @@ weights), maps Hugging Face names back to megatron's (``train.hf_weights.to_mega
 they are), then loads them between two decode ticks. Tokens decoded after the load carry ``weight_version``.
 
 Invariants
-- ``/update_weights_from_distributed`` outside ``/begin_weight_update`` … ``/end_weight_update`` is a 400 and
-  receives nothing (as SGLang); so is one naming a group that was not initialised.
+- ``/update_weights_from_distributed`` and ``/update_weights_from_tensor`` outside ``/begin_weight_update`` …
+  ``/end_weight_update`` are a 400 and receive nothing (as SGLang); so is a distributed one naming a group that
+  was not initialised. A tensor payload is unpickled with only torch's tensor/storage rebuilders allowed.
 - A refused update (names that do not cover the model, wrong shapes or dtypes) leaves the loaded weights and the
   version untouched and answers 400 with ``success: false``.
 - ``abort_all_requests`` defaults to false: in-flight requests survive an update. ``flush_cache: true`` while
@@ -71,6 +73,31 @@ def parse_update_distributed(body: Any) -> dict:
     return {"names": names, "dtypes": dtypes, "shapes": shapes, "version": version,
             "group_name": _str(body, "group_name", "weight_update_group"),
             "flush_cache": P._bool("flush_cache", body.get("flush_cache", True)),
+            "abort_all": P._bool("abort_all_requests", body.get("abort_all_requests", False))}
+
+
+def parse_update_tensor(body: Any) -> dict:
+    """SGLang's ``UpdateWeightsFromTensorReqInput`` (payloads: base64 strings, one per TP rank; rank 0's is used)."""
+    import base64
+    import binascii
+
+    body = P._object(body)
+    P._only(body, ("serialized_named_tensors", "load_format", "flush_cache", "abort_all_requests", "weight_version",
+                   "selector", "torch_empty_cache"))
+    payloads = body.get("serialized_named_tensors")
+    if not isinstance(payloads, list) or not payloads or not all(isinstance(p, str) and p for p in payloads):
+        raise P.ProtocolError("serialized_named_tensors", f"expected a non-empty list of base64 strings, got "
+                                                          f"{str(payloads)[:100]}")
+    try:
+        data = base64.b64decode(payloads[0], validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise P.ProtocolError("serialized_named_tensors", f"not base64: {exc}") from None
+    if body.get("load_format") is not None:
+        raise P.ProtocolError("load_format", f"{body['load_format']!r} is not supported (only null)")
+    version = body.get("weight_version")
+    if version is not None and (not isinstance(version, str) or not version):
+        raise P.ProtocolError("weight_version", f"expected a non-empty string, got {version!r}")
+    return {"data": data, "version": version, "flush_cache": P._bool("flush_cache", body.get("flush_cache", True)),
             "abort_all": P._bool("abort_all_requests", body.get("abort_all_requests", False))}
 
 
@@ -142,12 +169,33 @@ def add_weight_routes(app: FastAPI, engine) -> None:
             await engine.s.load_weights(state, u["version"])
         except EngineError as exc:
             return _fail(str(exc))
+        return _loaded(u)
+
+    def _loaded(u: dict):
         engine.pushed = True
         if u["flush_cache"] and engine.s.busy():
             return _fail("Weights were updated, but the cache was not flushed because requests are still running "
                          "or queued. Retract or finish them, then call /flush_cache.")
         return {"success": True, "message": "Succeeded to update parameter online."}
 
+    async def update_weights_from_tensor(request: Request):
+        from gyre_hpc.engines import weight_tensor as T
+
+        if not engine.in_weight_update:
+            await _body(request)
+            return _fail("update_weights_from_tensor must run between begin_weight_update() and end_weight_update()")
+        u = parse_update_tensor(await _body(request))
+        if u["abort_all"]:
+            engine.s.abort(abort_all=True, message="aborted by update_weights_from_tensor")
+        try:
+            named = await asyncio.to_thread(T.deserialize, u["data"])
+            state = to_model_names(dict(named), engine.model_cfg, set(engine.s.policy.state()))
+            await engine.s.load_weights(state, u["version"])
+        except EngineError as exc:
+            return _fail(str(exc))
+        return _loaded(u)
+
     app.add_api_route("/init_weights_update_group", init_weights_update_group, methods=["POST"])
     app.add_api_route("/destroy_weights_update_group", destroy_weights_update_group, methods=["POST"])
     app.add_api_route("/update_weights_from_distributed", update_weights_from_distributed, methods=["POST"])
+    app.add_api_route("/update_weights_from_tensor", update_weights_from_tensor, methods=["POST"])

@@ -6,7 +6,7 @@ registers it with the proxy under a fresh name. ``refresh()`` brings a newer ver
 by the one road (docs/weights.md): it pulls the core's published buffer over the transfer backend (Mooncake,
 checksums verified: what satellites do), then pushes the tensors into its engine over
 ``/update_weights_from_distributed`` (``engines.weight_sync.WeightPusher``, the same calls for the local engine
-and SGLang); requests in flight continue, their tokens after the load carry the new version. The engine reads
+and SGLang; ``engine.weight_road: tensor``: over ``/update_weights_from_tensor``, ``engines.weight_tensor``); requests in flight continue, their tokens after the load carry the new version. The engine reads
 the disk only for its initial weights when it starts or wakes (then the newest version is pushed again).
 ``leave()`` asks the proxy to drain the cell — its calls move to other engines without the harness seeing an
 error — removes it, then stops the engine by PID, or with ``engine.sleep_in_training`` puts it to
@@ -115,12 +115,9 @@ class RolloutSide:
             proxy.add_engine(self.handle.url, cell=self.cell, name=name)
 
     def _pusher(self):
-        from gyre_hpc.engines.weight_sync import WeightPusher
+        from gyre_hpc.engines.weight_tensor import make_pusher
 
-        from gyre_hpc.engines.weight_sync import group_backend
-
-        return WeightPusher(self.client, host=self.engine.host, backend=group_backend(self.engine.device),
-                            timeout_s=self.transfer.timeout_s * 2.0, clock=self.clock)
+        return make_pusher(self.engine, self.client, timeout_s=self.transfer.timeout_s * 2.0, clock=self.clock)
 
     def refresh(self) -> bool:
         """Bring a newer published version into the engine (pull, then push); True if one was loaded."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+import torch
 
 from gyre_hpc import auth
 from gyre_hpc.config import EngineConfig, ModelConfig
@@ -25,6 +26,7 @@ from gyre_hpc.engines.client import EngineClient
 from gyre_hpc.engines.launch import EngineHandle, free_port, start_engine
 from gyre_hpc.engines.protocol import GenerateResult
 from gyre_hpc.engines.weight_sync import WeightPusher
+from gyre_hpc.engines.weight_tensor import TensorPusher, encode, serialize
 from gyre_hpc.errors import EngineError
 
 pytestmark = [pytest.mark.slow]
@@ -242,20 +244,21 @@ def test_tensor_weight_updates_must_be_wrapped_in_begin_and_end(client):
 
 
 # ------------------------------------------------------------------------------------ distributed weights
-def _other_weights(kind: str, tmp) -> dict:
-    """Weights of the engine's architecture that differ from the ones it serves, under the names it loads."""
+def _other_weights(kind: str, tmp, seed: int = 1) -> dict:
+    """Weights of the engine's architecture that differ from the ones it serves, under the names it loads (each
+    ``seed`` its own: a test that loads them changes what the engine serves for the tests after it)."""
     if kind == "local":
         import torch
 
         from gyre_hpc.engines.weight_sync import engine_tensors
         from gyre_hpc.train.model import build_model
 
-        state = {k: v for k, v in build_model(ModelConfig(), seed=7).state_dict().items() if isinstance(v, torch.Tensor)}
+        state = {k: v for k, v in build_model(ModelConfig(), seed=6 + seed).state_dict().items() if isinstance(v, torch.Tensor)}
         return engine_tensors(state, ModelConfig())
     from gyre_hpc.train.hf_io import read_safetensors
     from gyre_hpc.models.init import init_model
 
-    return read_safetensors(init_model("qwen3", tmp / "qwen3-other", head_dim=16, ffn=128, seed=1))
+    return read_safetensors(init_model("qwen3", tmp / "qwen3-other", head_dim=16, ffn=128, seed=seed))
 
 
 def test_a_distributed_weight_update_shows_in_model_info_and_generation_and_splits_in_flight_spans(
@@ -280,6 +283,37 @@ def test_a_distributed_weight_update_shows_in_model_info_and_generation_and_spli
     assert spans[0][2] == spans[1][1]
     assert client.weight_version() == new == client.model_info()["weight_version"]
     assert client.generate(PROMPT, greedy).output_ids != before
+
+
+# ---------------------------------------------------------------------------------------- tensor weights
+def test_a_tensor_weight_update_shows_in_model_info_and_generation_and_splits_in_flight_spans(
+        served, client, tmp_path_factory):
+    """The tensor road: SGLang's serialization (ForkingPickler, storages shared by file name on this host)."""
+    greedy = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
+    before = client.generate(PROMPT, greedy).output_ids
+    tensors = _other_weights(served.kind, tmp_path_factory.mktemp("other-weights-tensor"), seed=2)
+    old = client.weight_version()
+    new = f"{old}-tensor"
+    bg = _decoding(client, HELD)
+    client.pause("in_place")  # held for sure while the tensors are shared (the push pauses again, then continues)
+    stats = TensorPusher(client, retries=0).push(tensors, new)
+    res = bg.join()
+    assert stats["attempt"] == 0 and stats["tensors"] == len(tensors)
+    assert res.finish_reason == "length" and len(res.output_ids) == HELD  # never aborted
+    spans = _spans(res)
+    assert len(spans) == 2 and spans[0][:2] == (old, 0) and spans[1][0] == new and spans[1][2] == HELD
+    assert spans[0][2] == spans[1][1]
+    assert client.weight_version() == new == client.model_info()["weight_version"]
+    assert client.generate(PROMPT, greedy).output_ids != before
+
+
+def test_a_tensor_update_outside_begin_end_is_a_400_that_changes_nothing(client):
+    version = client.weight_version()
+    payload = encode(serialize([("model.embed_tokens.weight", torch.zeros(4, 4))]))
+    with pytest.raises(EngineError) as unwrapped:
+        client.update_weights_from_tensor([payload], "never")
+    assert unwrapped.value.status == 400
+    assert client.weight_version() == version
 
 
 def test_a_distributed_update_outside_begin_end_or_to_an_unknown_group_is_a_400_that_changes_nothing(client):

@@ -65,6 +65,19 @@ def test_check_refuses_an_unsupported_architecture_by_name(tmp_path, capsys):
     assert "'LlamaForCausalLM'" in capsys.readouterr().err
 
 
+def test_train_refuses_an_hf_path_of_an_unsupported_architecture_by_name_listing_the_supported(tmp_path, capsys):
+    from pathlib import Path
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    config = Path(__file__).resolve().parents[2] / "configs" / "local.yaml"
+    assert main(["train", str(config), "--set", f"model.hf_path={tmp_path}",
+                 "--set", f"run.out_dir={tmp_path / 'runs'}"]) == 2
+    err = capsys.readouterr().err
+    assert ("gyre train: error: model.hf_path: architecture ['LlamaForCausalLM'] is not supported; "
+            "supported: Qwen2ForCausalLM, Qwen3ForCausalLM") in err
+    assert not (tmp_path / "runs").exists()  # refused before any run directory or rank
+
+
 def test_export_refuses_a_run_of_the_builtin_random_model(tmp_path, capsys):
     (tmp_path / "config.yaml").write_text("model:\n  hidden: 64\n")
     (tmp_path / "checkpoints" / "latest").mkdir(parents=True)
