@@ -38,6 +38,7 @@ from gyre_hpc.io import atomic_write_json, atomic_write_text, make_run_dir
 from gyre_hpc.models import run_init
 from gyre_hpc.live.launch import launch, rank_command
 from gyre_hpc.live.rank import check_resume_config, early_preemption, print_summary, run_rank
+from gyre_hpc.live.supervise import add_relaunches, supervise
 from gyre_hpc.resume import PREEMPTED_EXIT
 from jobs import add_overrides
 
@@ -113,15 +114,22 @@ def run(args: argparse.Namespace) -> int:
             resume.save_empty(run_dir)
         return _preempted(args, run_dir)
     events_path = run_dir / cfg.allocator.events_file
-    before = len(events_path.read_bytes().splitlines()) if events_path.is_file() else 0
-    code = launch(args, cfg.cluster.cells, run_dir, preemption)
-    _stop_left_behind(run_dir)
+
+    def launch_once() -> int:
+        code = launch(args, cfg.cluster.cells, run_dir, preemption)
+        _stop_left_behind(run_dir)
+        return code
+
+    # a lost cell's rank: relaunched from rank 0's resume state, up to run.max_relaunches times (live/supervise.py)
+    code = supervise(run_dir, events_path, cfg.run.max_relaunches, launch_once,
+                     lambda failed, before: _failed(cfg, run_dir, failed, before),
+                     lambda: _resumable(cfg, run_dir), lambda: preemption.signal is not None)
     if code == PREEMPTED_EXIT:
         return _preempted(args, run_dir)
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
-        return _failed(cfg, run_dir, code, before)
-    summary = json.loads(summary_path.read_text())
+        return code  # reported by _failed
+    summary = add_relaunches(summary_path, events_path)
     print_summary(summary, args.json)
     if summary.get("groups_lost"):
         print(f"gyre train: warning: {summary['groups_lost']} group(s) lost, their runs trained nothing (TITO "
