@@ -132,3 +132,13 @@ def test_a_preemption_that_comes_during_the_precheck_ends_as_preempted(tmp_path)
     code, calls, _, relaunched = run(tmp_path, ["lost", "done"], precheck=lambda: signals.append("SIGTERM"),
                                      preempted=lambda: bool(signals))
     assert (code, calls, relaunched) == (PREEMPTED_EXIT, 1, [])
+
+
+def test_the_relaunch_budget_may_change_across_a_resume():
+    from gyre_hpc import resume
+    from gyre_hpc.config import load_config, to_dict
+
+    saved = to_dict(load_config("configs/local.yaml", []))
+    assert resume.config_changes(saved, to_dict(load_config("configs/local.yaml", ["run.max_relaunches=0"]))) == {}
+    del saved["run"]["max_relaunches"]  # a run directory written before the key existed
+    assert resume.config_changes(saved, to_dict(load_config("configs/local.yaml", []))) == {}
