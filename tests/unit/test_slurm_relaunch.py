@@ -73,7 +73,8 @@ LOSING_SRUN = """#!/bin/bash
 n=$(cat "$GYRE_RUN_DIR/steps" 2>/dev/null || echo 0); echo $((n + 1)) > "$GYRE_RUN_DIR/steps"
 if (( n == 0 )); then
   mkdir -p "$GYRE_RUN_DIR/resume"; sleep 0.05; echo "{}" > "$GYRE_RUN_DIR/resume/state.json"
-  echo '{"t": 1.0, "wall": '"$(date +%s.%N)"', "event": "preempted", "signal": "SIGTERM"}' >> "$GYRE_RUN_DIR/events.jsonl"
+  event='{"t": 1.0, "wall": '"$(date +%s.%N)"', "event": "preempted", "signal": "SIGTERM"}'
+  echo "$event" >> "$GYRE_RUN_DIR/events.jsonl"
   exit 143
 fi
 rm -rf "$GYRE_RUN_DIR/resume"; exit 0
