@@ -9,7 +9,6 @@ import time
 import psutil
 import pytest
 
-from gyre_hpc.allocator.eventlog import read_events
 from slurm_cluster import mpirun  # noqa: F401  (fixture)
 from test_preempt_edges import STEPS, assert_one_time_line, cell_rank, finish, gyre_train
 
