@@ -13,6 +13,9 @@ Preemption: SIGTERM or SIGUSR1 to ``gyre train`` (or to the ranks: srun, scancel
 every rank exits with status 75 (``gyre_hpc.resume.PREEMPTED_EXIT``); ``gyre train CONFIG --resume RUN_DIR``
 continues the run at the same step, and so does any rank started on a RUN_DIR that holds a resume state (the
 requeued SLURM job). A second SIGTERM, or Ctrl-C, interrupts instead (stacks in RUN_DIR/traces/).
+A cell's rank that dies (exit 69 with rank 0's resume state) does not end the command: it launches the run again
+from that state, up to ``run.max_relaunches`` times (``gyre_hpc.live.supervise``; the summary counts
+``relaunches``).
 
 The config is loaded and checked before any process starts. Inside an allocation, launch the ranks yourself
 (``srun --mpi=pmix --ntasks=1+K gyre train CONFIG``): a rank of an MPI world runs its role directly.
