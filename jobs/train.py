@@ -59,6 +59,9 @@ Preemption: SIGTERM (or SIGUSR1) stops the run after the step in progress, saves
 trajectory buffer, staleness bookkeeping) and exits with status 75; then
 
   gyre train configs/local.yaml --resume RUN_DIR      continues at the same step (same --set options)
+
+A cell's rank that dies (exit 69, resume state saved) is relaunched from RUN_DIR/resume by this command, at most
+run.max_relaunches times (default 2; --set run.max_relaunches=0 exits 69 instead).
 """
 
 MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK")
