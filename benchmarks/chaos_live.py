@@ -4,22 +4,23 @@
                                     [--engine-kills 2] [--preemptions 2] [--rank-kills 1]
 
 A seeded plan shuffles the faults: SIGKILL of an engine process (the run goes on: the cell restarts its engine),
-SIGKILL of one whole cell rank (the run ends with exit 69 and rank 0's resume state, live/lost.py), and a
-preemption (SIGTERM to ``gyre train``: exit 75 with the resume state). Each fault waits for a seeded step count
-of the current segment plus a seeded delay. Whenever ``gyre train`` exits 69 or 75 with a resume state, the
-benchmark starts ``gyre train --resume RUN_DIR`` at once (also after exit 70, an error, when rank 0 saved the
-state: an engine killed while it starts ends its cell's rank with an error), until the run finishes (exit 0) or a
-segment ends without a resume state (the run is lost). 10 s after each segment's launcher exited it counts the processes of
-that segment still alive (the check of benchmarks/security_probe.py).
+SIGKILL of one whole cell rank (``gyre train`` relaunches the run itself from rank 0's resume state, live/lost.py
+and live/supervise.py: the same command goes on, the lost cell starts again), and a preemption (SIGTERM to
+``gyre train``: exit 75 with the resume state). Each fault waits for a seeded step count of the current
+``gyre train`` command plus a seeded delay. Only after exit 75 the benchmark starts ``gyre train --resume RUN_DIR``
+at once, as SLURM's requeue would; any other exit ends the benchmark (exit 0: the run finished; 69 or 70: the
+command gave up after ``run.max_relaunches``, the run is lost). 10 s after each command exited it counts the
+processes of that command still alive (the check of benchmarks/security_probe.py).
 
 There are no trainer-worker kills: the trainer runs inside its cell's rank (docs/reliability.md, "What a dead
 trainer does"), so killing it is the rank kill.
 
 It prints ``{"kills", "preemptions", "resumes_ok", "steps_done", "steps_target", "runs_lost",
 "queries_reissued", "orphans_after_10s"}`` (``kills`` = engine + rank kills applied; ``resumes_ok`` = resumed
-segments, the ``resumed`` events of the run; ``runs_lost`` = agent runs the summary counts lost; ``run_lost``
-1 if the run never finished) and the details (``faults``: each fault with its segment, step and outcome;
-``segments``: each segment's exit status). BENCHMARKS.md and docs/reliability.md record the result.
+segments, the ``resumed`` events of the run, relaunches included; ``relaunches`` = those ``gyre train`` made
+itself; ``runs_lost`` = agent runs the summary counts lost; ``run_lost`` 1 if the run never finished) and the
+details (``faults``: each fault with its command (``segment``), step and outcome; ``segments``: each ``gyre train``
+command's exit status). BENCHMARKS.md and docs/reliability.md record the result.
 """
 from __future__ import annotations
 
@@ -47,9 +48,9 @@ OVERRIDES = ["cluster.cells=2", "scheduler.policy=async", "scheduler.async_train
              "agent.runs_per_group=2", "agent.turns=[1, 2]", "allocator.hello_timeout_s=600",
              "allocator.heartbeat_timeout_s=300", "proxy.startup_timeout_s=180", "engine.startup_timeout_s=600",
              "agent.timeout_s=120", "agent.tool_time_median_s=1.0"]
-#: exit statuses after which a resume state may have been written: rank lost, error (rank 0 saves on both when it
-#: survives), preempted
-RESUMABLE = (69, 70, 75)
+#: the exit status after which the benchmark resumes (a preemption: SLURM would requeue); a lost rank is relaunched
+#: by ``gyre train`` itself (run.max_relaunches), so its 69 or 70 means the run is lost
+RESUMABLE = (75,)
 
 
 def steps_done(run_dir: Path | None) -> int:
@@ -130,6 +131,23 @@ class Chaos:
             time.sleep(0.1)
         return proc.poll() is None
 
+    def resumed(self) -> int:
+        """``resumed`` events so far (a relaunched or resumed segment's rank 0 writes one when it starts)."""
+        from gyre_hpc.allocator.eventlog import read_events
+        from gyre_hpc.errors import GyreError
+
+        path = self.run_dir / "events.jsonl" if self.run_dir else None
+        try:
+            return sum(e["event"] == "resumed" for e in read_events(path)) if path and path.is_file() else 0
+        except GyreError:
+            return 0
+
+    def wait_relaunched(self, proc: subprocess.Popen, resumed: int) -> None:
+        """After a rank kill: until ``gyre train`` relaunched the run and its rank 0 resumed (or the command ended)."""
+        while proc.poll() is None and self.resumed() <= resumed:
+            self.watch(proc)
+            time.sleep(0.2)
+
     def apply(self, proc: subprocess.Popen, fault: dict) -> bool:
         """Apply ``fault`` to the running segment; True if it was applied."""
         if fault["kind"] == "preempt":
@@ -181,10 +199,13 @@ class Chaos:
                 if base >= self.args.steps - 1 or not self.wait_for(proc, max(target, 1), fault["delay_s"]):
                     break  # the run is at its last step, or the segment ended: the fault waits for the next one
                 pending.pop(0)
+                resumed = self.resumed()
                 fault.update(segment=len(self.segments), at_step=steps_done(self.run_dir),
                              applied=self.apply(proc, fault))
-                if fault["kind"] != "engine":
-                    break  # the segment ends: the rest wait for the next one
+                if fault["kind"] == "rank" and fault["applied"]:
+                    self.wait_relaunched(proc, resumed)  # the next fault lands on the relaunched ranks
+                if fault["kind"] == "preempt":
+                    break  # the command ends: the rest wait for the next one (a rank kill is relaunched inside)
             while proc.poll() is None:
                 self.watch(proc)
                 time.sleep(0.5)
@@ -212,6 +233,7 @@ class Chaos:
             "rank_kills": sum(f["kind"] == "rank" for f in applied),
             "engine_restarts": sum(e["event"] == "engine_restarted" for e in events),
             "rank_lost_events": sum(e["event"] == "rank_lost" for e in events),
+            "relaunches": sum(e["event"] == "relaunched" for e in events),
             "error_segments": sum(seg["exit"] == 70 for seg in self.segments),
             "faults": faults, "segments": self.segments, "seed": self.args.seed, "run_dir": str(self.run_dir),
         }

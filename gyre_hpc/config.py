@@ -42,6 +42,12 @@ class RunConfig:
     name: str = param("gyre", "Run name; the run directory is <out_dir>/<name>-<timestamp>.")
     out_dir: str = param("runs", "Directory under which run directories are created.")
     seed: int = param(0, "Seed for every random choice of the job (workload, sampling, init).")
+    max_relaunches: int = param(
+        2, "`gyre train` relaunches its run with --resume at most this many times after it lost a rank (exit 69) or "
+        "a cell's rank failed (70) with the resume state saved; never after a preemption; 0 = exit instead.")
+
+    def check(self) -> None:
+        require(0 <= self.max_relaunches <= 100, "max_relaunches", f"must be in 0..100, got {self.max_relaunches}")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ Invariants (tests/unit/test_resume_state.py)
   is a ``CheckpointError`` naming the file and the key.
 - ``config_changes`` names every dotted key whose value differs between the run's config.yaml and the config
   of the resuming run, except the keys that may change across segments (``may_change``: the step count, the run
-  directory's name, timeouts, retries and the sbatch section); a resume refuses any other difference.
+  directory's name, the relaunch budget, timeouts, retries and the sbatch section); a resume refuses any other
+  difference.
 - ``save_empty`` writes a state of version 0 with no checkpoint (a preemption before any rank started); ``load``
   accepts a missing checkpoint only for it, and ``needed_files`` of a state lists every file a resume reads
   (state, checkpoint meta and each rank's files, the buffered groups' TITO files): ``check_files`` names the
@@ -55,7 +56,8 @@ RANK_FILES = ("rank{rank:03d}.safetensors", "rank{rank:03d}.state.pt")
 
 #: config keys a resumed run may change: how many steps, where the run directory is, how long to wait, how the
 #: job is submitted. Everything else (model, optimizer, cells, policy, workload, seed) must stay what it was.
-MAY_CHANGE = ("allocator.steps", "allocator.preempt_inflight", "run.name", "run.out_dir", "slurm.")
+MAY_CHANGE = ("allocator.steps", "allocator.preempt_inflight", "run.name", "run.out_dir", "run.max_relaunches",
+              "slurm.")
 MAY_CHANGE_SUFFIXES = ("timeout_s", "retries")
 
 

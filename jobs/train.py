@@ -13,6 +13,9 @@ Preemption: SIGTERM or SIGUSR1 to ``gyre train`` (or to the ranks: srun, scancel
 every rank exits with status 75 (``gyre_hpc.resume.PREEMPTED_EXIT``); ``gyre train CONFIG --resume RUN_DIR``
 continues the run at the same step, and so does any rank started on a RUN_DIR that holds a resume state (the
 requeued SLURM job). A second SIGTERM, or Ctrl-C, interrupts instead (stacks in RUN_DIR/traces/).
+A cell's rank that dies (exit 69 with rank 0's resume state) does not end the command: it launches the run again
+from that state, up to ``run.max_relaunches`` times (``gyre_hpc.live.supervise``; the summary counts
+``relaunches``).
 
 The config is loaded and checked before any process starts. Inside an allocation, launch the ranks yourself
 (``srun --mpi=pmix --ntasks=1+K gyre train CONFIG``): a rank of an MPI world runs its role directly.
@@ -38,6 +41,7 @@ from gyre_hpc.io import atomic_write_json, atomic_write_text, make_run_dir
 from gyre_hpc.models import run_init
 from gyre_hpc.live.launch import launch, rank_command
 from gyre_hpc.live.rank import check_resume_config, early_preemption, print_summary, run_rank
+from gyre_hpc.live.supervise import add_relaunches, supervise
 from gyre_hpc.resume import PREEMPTED_EXIT
 from jobs import add_overrides
 
@@ -55,6 +59,9 @@ Preemption: SIGTERM (or SIGUSR1) stops the run after the step in progress, saves
 trajectory buffer, staleness bookkeeping) and exits with status 75; then
 
   gyre train configs/local.yaml --resume RUN_DIR      continues at the same step (same --set options)
+
+A cell's rank that dies (exit 69, resume state saved) is relaunched from RUN_DIR/resume by this command, at most
+run.max_relaunches times (default 2; --set run.max_relaunches=0 exits 69 instead).
 """
 
 MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK")
@@ -113,15 +120,22 @@ def run(args: argparse.Namespace) -> int:
             resume.save_empty(run_dir)
         return _preempted(args, run_dir)
     events_path = run_dir / cfg.allocator.events_file
-    before = len(events_path.read_bytes().splitlines()) if events_path.is_file() else 0
-    code = launch(args, cfg.cluster.cells, run_dir, preemption)
-    _stop_left_behind(run_dir)
+
+    def launch_once() -> int:
+        code = launch(args, cfg.cluster.cells, run_dir, preemption)
+        _stop_left_behind(run_dir)
+        return code
+
+    # a lost cell's rank: relaunched from rank 0's resume state, up to run.max_relaunches times (live/supervise.py)
+    code = supervise(run_dir, events_path, cfg.run.max_relaunches, launch_once,
+                     lambda failed, before: _failed(cfg, run_dir, failed, before),
+                     lambda: _resumable(cfg, run_dir), lambda: preemption.signal is not None)
     if code == PREEMPTED_EXIT:
         return _preempted(args, run_dir)
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
-        return _failed(cfg, run_dir, code, before)
-    summary = json.loads(summary_path.read_text())
+        return code  # reported by _failed
+    summary = add_relaunches(summary_path, events_path)
     print_summary(summary, args.json)
     if summary.get("groups_lost"):
         print(f"gyre train: warning: {summary['groups_lost']} group(s) lost, their runs trained nothing (TITO "

@@ -30,7 +30,6 @@ cd "$SLURM_SUBMIT_DIR"
 # --- run directory: gyre submit sets GYRE_RUN_DIR; a plain sbatch uses run.out_dir/run.name-JOBID
 RUN_DIR="${GYRE_RUN_DIR:-runs/gyre_122b-$SLURM_JOB_ID}"
 mkdir -p "$RUN_DIR"
-touch "$RUN_DIR/.step-start"
 
 # --- placement (gyre_hpc.slurm.layout): 4 cells of 8 node(s), in SLURM's node order;
 # rank 0 on the first node, rank k+1 on the first node of cell k
@@ -41,18 +40,28 @@ fi
 RANK_NODES="${NODES[0]}"
 for ((k = 0; k < 4; k++)); do RANK_NODES+=",${NODES[k * 8]}"; done
 
+STEP=''; CANCELLED=0; SIGNALLED=0; RELAUNCHES=0
+trap 'SIGNALLED=1; kill -s USR1 $STEP 2>/dev/null || true' USR1
+# SIGTERM to this shell: scancel JOBID (a cancel), or SLURM preempting/requeueing the job itself
+trap 'CANCELLED=1; SIGNALLED=1; kill -s TERM $STEP 2>/dev/null || true' TERM
+while true; do
 # --- one srun: the allocator + 4 cell leaders as one pmix world; a rank that dies ends the step
 #     (--kill-on-bad-exit) so a failure ends the job instead of hanging it
+touch "$RUN_DIR/.step-start"
 srun --ntasks=5 --distribution=arbitrary --nodelist="$RANK_NODES" --overlap --overcommit --mpi=pmix --kill-on-bad-exit=1 \
   python3 -m gyre_hpc.cli train configs/gyre_122b.yaml --run-dir "$RUN_DIR" "$@" &
 STEP=$!
-CANCELLED=0
-trap 'kill -s USR1 $STEP 2>/dev/null || true' USR1
-# SIGTERM to this shell: scancel JOBID (a cancel), or SLURM preempting/requeueing the job itself
-trap 'CANCELLED=1; kill -s TERM $STEP 2>/dev/null || true' TERM
 # wait returns early when a trapped signal arrives: keep waiting until the step has ended
 while kill -0 "$STEP" 2>/dev/null; do wait "$STEP" || true; done
 RC=0; wait "$STEP" || RC=$?
+# --- a rank lost (the step ended with a resume state nobody asked for): srun again in this allocation, at
+#     most 2 times (run.max_relaunches); the ranks resume from RUN_DIR (gyre_hpc.slurm.relaunch)
+if (( RC != 0 && ! SIGNALLED && RELAUNCHES < 2 )) && python3 -m gyre_hpc.slurm.relaunch --run-dir "$RUN_DIR" --exit "$RC" --done "$RELAUNCHES" --max 2 --preempt-signal SIGUSR1 --events events.jsonl; then
+  RELAUNCHES=$(( RELAUNCHES + 1 ))
+  if (( ! SIGNALLED )); then continue; fi
+fi
+break
+done
 
 # --- preempted (exit 75: checkpoint and resume state in $RUN_DIR): requeue this job, at most 3 times;
 #     the same job id gives the same RUN_DIR, and the requeued ranks resume from it

@@ -64,7 +64,7 @@ def launch(args: argparse.Namespace, cells: int, run_dir: Path, pending=None) ->
     with open(run_dir / "mpirun.log", "ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=sys.stderr, stdin=subprocess.DEVNULL,
                                 start_new_session=True, preexec_fn=_dies_with_launcher())
-        _forward_preemption(proc, run_dir)
+        _forward_preemption(proc, run_dir, pending)
         if pending is not None and pending.signal is not None:  # it came while mpirun was being started
             atomic_write_text(run_dir / REQUEST_FILE, pending.signal + "\n")
         try:
@@ -93,12 +93,15 @@ def _interrupted(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _forward_preemption(proc: subprocess.Popen, run_dir: Path) -> None:
+def _forward_preemption(proc: subprocess.Popen, run_dir: Path, pending=None) -> None:
     """SIGTERM/SIGUSR1 to ``gyre train`` become RUN_DIR/preempt.request, which rank 0 polls: no rank is
-    signalled, so none can die of it while it starts up, and a signal a rank does get is mpirun's teardown."""
+    signalled, so none can die of it while it starts up, and a signal a rank does get is mpirun's teardown.
+    ``pending`` notes it too (the supervisor never relaunches a preempted run: live/supervise.py)."""
     from gyre_hpc.live.preempt import REQUEST_FILE
 
     def preempt(signum, frame) -> None:
+        if pending is not None:
+            pending.request(signal.Signals(signum).name)
         print(f"gyre train: {signal.Signals(signum).name}: preempting (the step in progress ends, the resume state "
               f"is saved); send SIGTERM again to interrupt", file=sys.stderr, flush=True)
         with contextlib.suppress(OSError):

@@ -28,7 +28,8 @@ Invariants (tests/integration/test_live_training.py)
   resume is what the hub held when the preemption signal came; ``inflight()`` is every group admitted and not
   ready then (the queries a resume re-issues, or counts as dropped). ``reissue(gids)`` makes the next
   ``admit`` start those queries again, before any new one (a query is a pure function of its gid and the
-  seed). ``rebuild`` turns a buffered group's TITO file back into the same training group (the batch is a pure
+  seed); the TITO file an interrupted attempt left (runs that had finished and flushed, a group not yet built)
+  is moved to tito/interrupted/ first (``set_aside``), so the re-issued runs' records are the file's only ones. ``rebuild`` turns a buffered group's TITO file back into the same training group (the batch is a pure
   function of the file and the config).
 """
 from __future__ import annotations
@@ -150,6 +151,8 @@ class Rollouts:
 
     def reissue(self, gids: list[int]) -> None:
         """A resume: the next ``admit`` starts the queries ``gids`` again, first, in this order."""
+        for gid in gids:
+            set_aside(self.tito_path(gid))
         self.pending_reissue = list(gids)
 
     def tito_path(self, gid: int) -> Path:
@@ -240,3 +243,16 @@ class Rollouts:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def set_aside(tito: Path) -> Path | None:
+    """Move a re-issued query's earlier TITO file to tito/interrupted/ (a new name each time), or None if there is
+    none: the proxy appends to the group file, so the re-issued runs' calls would otherwise follow the interrupted
+    attempt's with the same call ids (a duplicate, and the group lost)."""
+    if not tito.is_file():
+        return None
+    aside = tito.parent / "interrupted"
+    aside.mkdir(exist_ok=True)
+    n = sum(1 for _ in aside.glob(f"{tito.name}.*"))
+    return tito.replace(aside / f"{tito.name}.{n}")
+

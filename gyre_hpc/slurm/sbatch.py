@@ -11,6 +11,9 @@ What the script does on the cluster (docs/slurm.md)::
                              rendezvous; the script's arguments go to gyre train (``sbatch SCRIPT --set a.b=c``)
     trap SIG/TERM            the batch shell forwards the preemption signal (#SBATCH --signal=B:SIG@s) to the step;
                              a SIGTERM to the shell (scancel JOBID) is forwarded too and marks the job CANCELLED
+    a rank lost              the step ended with a resume state this shell did not ask for (srun's
+                             --kill-on-bad-exit): srun again in the same allocation, at most run.max_relaunches
+                             times (gyre_hpc.slurm.relaunch, the rule of gyre train's supervisor); the ranks resume
     exit 75 (preempted)      the ranks saved RUN_DIR/resume: `scontrol requeue` the job (slurm.requeue, at most
                              slurm.max_requeues times); the same job id gives the same RUN_DIR, so it resumes
 
@@ -25,6 +28,8 @@ Invariants
   preempted exit status (``gyre_hpc.resume.PREEMPTED_EXIT``) or a resume state the step wrote, never after a
   SIGTERM to the batch shell (a plain ``scancel``; unless TERM is the preemption signal), and exits with the
   step's status otherwise.
+- The script sruns the step again (same allocation) only when ``python -m gyre_hpc.slurm.relaunch`` says so:
+  never after a signal to the batch shell, at most ``run.max_relaunches`` times (0: never asked).
 - The checked-in scripts in sbatch/ equal ``render_sbatch`` of their configs (``python -m gyre_hpc.slurm.sbatch
   --write`` regenerates them; tests/unit/test_sbatch.py checks).
 """
@@ -124,7 +129,7 @@ def _launch(cfg: GyreConfig, layout, config_path: str, overrides: Sequence[str])
              '"$RUN_DIR"'] + [a for o in overrides for a in ("--set", shlex.quote(o))] + ['"$@"']
     return [
         "", "# --- run directory: gyre submit sets GYRE_RUN_DIR; a plain sbatch uses run.out_dir/run.name-JOBID",
-        f'RUN_DIR="${{GYRE_RUN_DIR:-{run_dir}}}"', 'mkdir -p "$RUN_DIR"', 'touch "$RUN_DIR/.step-start"',
+        f'RUN_DIR="${{GYRE_RUN_DIR:-{run_dir}}}"', 'mkdir -p "$RUN_DIR"',
         "", f"# --- placement (gyre_hpc.slurm.layout): {c.cells} cells of {c.nodes_per_cell} node(s), in SLURM's "
             "node order;", "# rank 0 on the first node, rank k+1 on the first node of cell k",
         'mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
@@ -132,18 +137,41 @@ def _launch(cfg: GyreConfig, layout, config_path: str, overrides: Sequence[str])
         f'  echo "gyre: the job has ${{#NODES[@]}} nodes, the layout needs {node_count(cfg)}" >&2; exit 2', "fi",
         'RANK_NODES="${NODES[0]}"',
         f'for ((k = 0; k < {c.cells}; k++)); do RANK_NODES+=",${{NODES[k * {c.nodes_per_cell}]}}"; done',
-        "", f"# --- one srun: the allocator + {c.cells} cell leaders as one pmix world; a rank that dies ends the "
-            "step", "#     (--kill-on-bad-exit) so a failure ends the job instead of hanging it",
-        "srun " + " ".join(srun) + " \\", "  " + " ".join(train) + " &",
-        "STEP=$!", "CANCELLED=0",
-        f"trap 'kill -s {sig} $STEP 2>/dev/null || true' {sig}",
+        "", "STEP=''; CANCELLED=0; SIGNALLED=0; RELAUNCHES=0",
+        f"trap 'SIGNALLED=1; kill -s {sig} $STEP 2>/dev/null || true' {sig}",
     ] + ([
         "# SIGTERM to this shell: scancel JOBID (a cancel), or SLURM preempting/requeueing the job itself",
-        "trap 'CANCELLED=1; kill -s TERM $STEP 2>/dev/null || true' TERM"] if sig != "TERM" else []) + [
+        "trap 'CANCELLED=1; SIGNALLED=1; kill -s TERM $STEP 2>/dev/null || true' TERM"] if sig != "TERM" else []) + [
+        "while true; do",
+        f"# --- one srun: the allocator + {c.cells} cell leaders as one pmix world; a rank that dies ends the step",
+        "#     (--kill-on-bad-exit) so a failure ends the job instead of hanging it",
+        'touch "$RUN_DIR/.step-start"',
+        "srun " + " ".join(srun) + " \\", "  " + " ".join(train) + " &",
+        "STEP=$!",
         "# wait returns early when a trapped signal arrives: keep waiting until the step has ended",
         'while kill -0 "$STEP" 2>/dev/null; do wait "$STEP" || true; done',
         'RC=0; wait "$STEP" || RC=$?',
-    ] + _requeue(s, config_path) + ['exit "$RC"']
+    ] + _relaunch(cfg) + ["done"] + _requeue(s, config_path) + ['exit "$RC"']
+
+
+def _relaunch(cfg) -> list[str]:
+    """Shell lines at the end of the step loop: a step that lost a rank (no signal to this shell, a resume state
+    written during it) is run again in this allocation, at most run.max_relaunches times (gyre_hpc.slurm.relaunch,
+    the rule of ``gyre train``'s own supervisor, gyre_hpc.live.supervise)."""
+    sig, _ = parse_signal(cfg.slurm.signal)
+    n = cfg.run.max_relaunches
+    ask = (f'{shlex.quote(cfg.slurm.python)} -m gyre_hpc.slurm.relaunch --run-dir "$RUN_DIR" --exit "$RC" '
+           f'--done "$RELAUNCHES" --max {n} --preempt-signal SIG{sig} '
+           f'--events {shlex.quote(cfg.allocator.events_file)}')
+    return [
+        "# --- a rank lost (the step ended with a resume state nobody asked for): srun again in this allocation, at",
+        f"#     most {n} times (run.max_relaunches); the ranks resume from RUN_DIR (gyre_hpc.slurm.relaunch)",
+        f"if (( RC != 0 && ! SIGNALLED && RELAUNCHES < {n} )) && {ask}; then",
+        "  RELAUNCHES=$(( RELAUNCHES + 1 ))",
+        "  if (( ! SIGNALLED )); then continue; fi",
+        "fi",
+        "break",
+    ]
 
 
 def _requeue(s, config_path: str) -> list[str]:

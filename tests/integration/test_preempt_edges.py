@@ -128,7 +128,8 @@ def cell_rank(proc: subprocess.Popen, rank: int) -> psutil.Process:
 
 
 def test_sigkill_of_a_rollout_cells_rank_exits_69_with_a_resume_state_that_finishes(mpirun, tmp_path):
-    proc = gyre_train(tmp_path, "kill", "--set", f"allocator.steps={2 * STEPS}")  # the kill lands mid-run
+    proc = gyre_train(tmp_path, "kill", "--set", f"allocator.steps={2 * STEPS}",  # the kill lands mid-run
+                      "--set", "run.max_relaunches=0")  # no relaunch: test_relaunch.py has that
     wait_steps(tmp_path, proc, 1)
     cell_rank(proc, 2).kill()  # rank 2 = cell 1, the rollout cell (async_train_cells=1: cell 0 is the core)
     code, _, stderr = finish(proc)

@@ -1,0 +1,129 @@
+"""``gyre train`` supervising its own launch: a run that lost a cell's rank is launched again from its resume state.
+
+::
+
+    gyre train CONFIG                                   (jobs/train.py; the launcher: live/launch.py)
+      segment 1   mpirun 1 + K ranks ... a cell's rank dies; rank 0 saves RUN_DIR/resume (live/lost.py); exit 69
+                  event  relaunched {attempt: 1, after_exit: 69, reason: "rank_lost"}
+      segment 2   mpirun 1 + K ranks on the same RUN_DIR (a rank started on a RUN_DIR with a resume state resumes):
+                  every cell starts again, the one whose rank was lost included: that is the cell rejoining
+      ...         exit 0, the summary with ``relaunches``
+
+Invariants (tests/unit/test_supervise.py, tests/integration/test_relaunch.py)
+- ``relaunch_reason`` is a pure function of a segment's outcome: a reason only after exit 69 (``rank_lost``) or 70
+  (``error``: a cell's rank raised and mpirun tore the job down) when there is a resume state to continue from,
+  saved by this segment (event ``lost_rank_saved``) or the one this segment started from when its rank 0 never
+  got to resume (no ``resumed`` event), and only while fewer than ``run.max_relaunches`` relaunches were made.
+- Never after a preemption (exit 75, or a SIGTERM/SIGUSR1 the launcher received during the segment: the scheduler
+  wants the job gone), a config or usage error (exit 2), a success or any other status; ``max_relaunches: 0``
+  is the behaviour before this module (the launcher exits 69 or 70).
+- A relaunch is preceded by the resume pre-check of ``--resume`` (a failing one ends the command with the
+  segment's exit status) and recorded by one ``relaunched`` event; ``relaunches`` in the summary counts the run's
+  ``relaunched`` events over every segment.
+- Standard library and the core only: the launch, the failure report and the pre-check are passed in.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from gyre_hpc import resume
+from gyre_hpc.errors import GyreError
+from gyre_hpc.io import atomic_write_json
+from gyre_hpc.live.lost import RANK_LOST_EXIT
+from gyre_hpc.resume import PREEMPTED_EXIT
+
+#: exit status of a run that ended on an unrecoverable error (EX_SOFTWARE); jobs/train.py uses the same number
+ERROR_EXIT = 70
+#: the exit statuses after which a run may be relaunched, and the reason each is recorded with
+RELAUNCH_REASONS = {RANK_LOST_EXIT: "rank_lost", ERROR_EXIT: "error"}
+EVENT = "relaunched"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """How one launch of the run ended, as the supervisor sees it."""
+
+    exit: int  # the launcher's exit status for it (69 rank lost, 70 error, 75 preempted, 0, 2, ...)
+    saved: bool  # its rank 0 saved a resume state (event ``lost_rank_saved``)
+    resume_state: bool  # RUN_DIR/resume holds a state now
+    resumed: bool  # its rank 0 logged ``resumed`` (it started from the earlier state and went on)
+    preempted: bool  # the launcher got a preemption signal while it ran
+
+
+def relaunch_reason(seg: Segment, done: int, max_relaunches: int) -> str | None:
+    """Why ``seg`` is relaunched (``rank_lost``, ``error``), or None: it is not, after ``done`` relaunches."""
+    if seg.preempted or seg.exit not in RELAUNCH_REASONS or done >= max_relaunches:
+        return None
+    if seg.saved or (seg.resume_state and not seg.resumed):
+        return RELAUNCH_REASONS[seg.exit]
+    return None
+
+
+def events_of(path: Path) -> list[dict]:
+    from gyre_hpc.allocator.eventlog import read_events
+
+    try:
+        return read_events(path) if path.is_file() else []
+    except GyreError:
+        return []
+
+
+def segment(run_dir: Path, events_path: Path, code: int, before: int, preempted: bool) -> Segment:
+    """The outcome of the segment that wrote the events after the first ``before`` ones and ended with ``code``."""
+    kinds = [e["event"] for e in events_of(events_path)[before:]]
+    return Segment(exit=code, saved="lost_rank_saved" in kinds, resume_state=resume.exists(run_dir),
+                   resumed="resumed" in kinds, preempted=preempted)
+
+
+def record(events_path: Path, attempt: int, after_exit: int, reason: str) -> None:
+    """Append the ``relaunched`` event (its ``t`` continues the run's time line)."""
+    t = max((float(e.get("t", 0.0)) for e in events_of(events_path)), default=0.0)
+    rec = {"t": t, "wall": round(time.time(), 6), "event": EVENT, "attempt": attempt, "after_exit": after_exit,
+           "reason": reason}
+    with open(events_path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def supervise(run_dir: Path, events_path: Path, max_relaunches: int, launch_once: Callable[[], int],
+              on_failure: Callable[[int, int], int], precheck: Callable[[], object],
+              preempted: Callable[[], bool]) -> int:
+    """Launch the run until a segment ends with no reason to relaunch; the exit status of the last one.
+
+    ``launch_once()`` runs one segment (its mpirun status); ``on_failure(code, before)`` reports a segment that
+    ended without a summary and not preempted (events, one line) and gives the run's exit status;
+    ``precheck()`` is the pre-check of ``--resume`` (raises ``GyreError``); ``preempted()``: a preemption signal
+    came. A summary, a preemption (75) or a failure not relaunched ends the loop."""
+    done = 0
+    while True:
+        before = len(events_of(events_path))
+        code = launch_once()
+        if code == PREEMPTED_EXIT or (run_dir / "summary.json").is_file():
+            return code
+        code = on_failure(code, before)
+        reason = relaunch_reason(segment(run_dir, events_path, code, before, preempted()), done, max_relaunches)
+        if reason is None:
+            return code
+        try:
+            precheck()
+        except GyreError as exc:
+            print(f"gyre train: not relaunched: {exc}", file=sys.stderr)
+            return code
+        if preempted():  # it came during the pre-check: the resume state is there, the scheduler wants us gone
+            return PREEMPTED_EXIT
+        done += 1
+        record(events_path, done, code, reason)
+        print(f"gyre train: relaunching the run from {resume.resume_dir(run_dir)} ({reason} after exit {code}; "
+              f"relaunch {done} of at most {max_relaunches}, run.max_relaunches)", file=sys.stderr, flush=True)
+
+
+def add_relaunches(summary_path: Path, events_path: Path) -> dict:
+    """The summary with ``relaunches`` (the run's ``relaunched`` events), written back to ``summary_path``."""
+    summary = json.loads(summary_path.read_text())
+    summary["relaunches"] = sum(e["event"] == EVENT for e in events_of(events_path))
+    atomic_write_json(summary_path, summary)
+    return summary

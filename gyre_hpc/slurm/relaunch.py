@@ -1,0 +1,71 @@
+"""The sbatch path's supervisor: after a step that lost a rank, srun the run again inside the same allocation.
+
+Under srun there is no ``gyre train`` launcher around the ranks (every rank runs its role directly), so the batch
+script is the launcher, and it asks this module, with the same rule as ``gyre train`` (``live.supervise``)::
+
+    sbatch script (gyre_hpc.slurm.sbatch)
+      loop:  touch RUN_DIR/.step-start; srun ... gyre train CONFIG --run-dir RUN_DIR; RC
+             python -m gyre_hpc.slurm.relaunch --run-dir RUN_DIR --exit RC --done N --max M --preempt-signal SIG
+               exit 0: relaunched (event ``relaunched``): srun again, the ranks resume from RUN_DIR/resume
+               exit 1: not: the script goes on (requeue on a preemption, else it exits RC)
+
+How a lost rank looks from here: srun's ``--kill-on-bad-exit`` ends the step with SIGTERM to the other ranks;
+a rank under srun cannot tell that from a preemption, so rank 0 saves the resume state and logs ``preempted``
+with ``SIGTERM``, and the step ends non-zero (75, 143 or the dead rank's status).
+
+Invariants (tests/unit/test_slurm_relaunch.py)
+- A step is a lost rank only if it ended non-zero with a resume state written during it (newer than
+  RUN_DIR/.step-start), the batch shell was not signalled (the script never calls this then) and no
+  ``preempted`` event of the step names the preemption signal (``scancel --signal=USR1`` to the steps): only
+  then ``live.supervise.relaunch_reason`` is asked, as for exit 69 with the state saved, within ``--max``.
+- A relaunch appends one ``relaunched`` event (``after_exit``: srun's status); this module starts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from gyre_hpc import resume
+from gyre_hpc.live import supervise
+from gyre_hpc.live.lost import RANK_LOST_EXIT
+
+STEP_START = ".step-start"
+
+
+def step_outcome(run_dir: Path, events_path: Path, code: int, preempt_signal: str) -> supervise.Segment:
+    """How the step that started at RUN_DIR/.step-start ended, in ``live.supervise``'s terms."""
+    start = (run_dir / STEP_START).stat().st_mtime if (run_dir / STEP_START).is_file() else 0.0
+    state = resume.resume_dir(run_dir) / resume.STATE
+    fresh = state.is_file() and state.stat().st_mtime > start
+    step = [e for e in supervise.events_of(events_path) if float(e.get("wall", 0.0)) >= start]
+    preempted = any(e["event"] == "preempted" and e.get("signal") == preempt_signal for e in step)
+    lost = code != 0 and fresh and not preempted
+    return supervise.Segment(exit=RANK_LOST_EXIT if lost else code, saved=fresh, resume_state=resume.exists(run_dir),
+                             resumed=False, preempted=preempted)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gyre_hpc.slurm.relaunch", description=__doc__.split("\n")[0])
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--exit", type=int, required=True, help="srun's exit status")
+    p.add_argument("--done", type=int, required=True, help="relaunches this job already made")
+    p.add_argument("--max", type=int, required=True, help="run.max_relaunches")
+    p.add_argument("--preempt-signal", default="SIGUSR1", help="the preemption signal's name (slurm.signal)")
+    p.add_argument("--events", default="events.jsonl", help="allocator.events_file")
+    args = p.parse_args(argv)
+    run_dir = Path(args.run_dir)
+    events_path = run_dir / args.events
+    seg = step_outcome(run_dir, events_path, args.exit, args.preempt_signal)
+    reason = supervise.relaunch_reason(seg, args.done, args.max)
+    if reason is None:
+        return 1
+    supervise.record(events_path, args.done + 1, args.exit, reason)
+    print(f"gyre: a rank of the step was lost (srun exit {args.exit}, resume state saved); relaunching in this "
+          f"allocation ({args.done + 1} of at most {args.max}, run.max_relaunches)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

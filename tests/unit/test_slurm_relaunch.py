@@ -1,0 +1,138 @@
+"""gyre_hpc.slurm.relaunch and the sbatch script's step loop: a step that lost a rank is srun again inside the same
+allocation; a preemption or a cancel never is. The script runs under bash with srun and scontrol replaced at their
+boundary (doubles that play what the ranks do); the helper is the real module."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gyre_hpc.config import load_config
+from gyre_hpc.slurm import relaunch
+from gyre_hpc.slurm.sbatch import node_count, render_sbatch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def step(run_dir: Path, saved: bool, signal_name: str | None = None) -> None:
+    """What a step's ranks leave: RUN_DIR/.step-start (the script), then a resume state and a preempted event."""
+    (run_dir / "resume").mkdir(parents=True, exist_ok=True)
+    (run_dir / ".step-start").touch()
+    past = time.time() - 100
+    os.utime(run_dir / ".step-start", (past, past))
+    if saved:
+        (run_dir / "resume" / "state.json").write_text("{}")
+    if signal_name:
+        with open(run_dir / "events.jsonl", "a") as f:
+            f.write(json.dumps({"t": 1.0, "wall": time.time(), "event": "preempted", "signal": signal_name}) + "\n")
+
+
+def ask(run_dir: Path, code: int, done: int = 0, most: int = 2) -> int:
+    return relaunch.main(["--run-dir", str(run_dir), "--exit", str(code), "--done", str(done), "--max", str(most),
+                          "--preempt-signal", "SIGUSR1"])
+
+
+def relaunched(run_dir: Path) -> list[dict]:
+    path = run_dir / "events.jsonl"
+    events = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return [e for e in events if e["event"] == "relaunched"]
+
+
+def test_a_step_torn_down_by_srun_with_the_state_saved_is_relaunched_and_recorded(tmp_path):
+    step(tmp_path, saved=True, signal_name="SIGTERM")  # srun's --kill-on-bad-exit: SIGTERM, rank 0 saved
+    assert ask(tmp_path, 143) == 0
+    (e,) = relaunched(tmp_path)
+    assert (e["attempt"], e["after_exit"], e["reason"]) == (1, 143, "rank_lost")
+
+
+def test_a_step_preempted_by_the_preemption_signal_is_never_relaunched(tmp_path):
+    step(tmp_path, saved=True, signal_name="SIGUSR1")  # scancel --signal=USR1 JOBID: the steps, not the shell
+    assert ask(tmp_path, 75) == 1 and relaunched(tmp_path) == []
+
+
+def test_a_step_without_a_new_resume_state_or_a_success_is_not_relaunched(tmp_path):
+    step(tmp_path, saved=False, signal_name="SIGTERM")
+    assert ask(tmp_path, 137) == 1
+    step(tmp_path / "ok", saved=True)
+    assert ask(tmp_path / "ok", 0) == 1
+    assert relaunched(tmp_path) == [] and relaunched(tmp_path / "ok") == []
+
+
+def test_the_budget_ends_the_relaunches(tmp_path):
+    step(tmp_path, saved=True, signal_name="SIGTERM")
+    assert ask(tmp_path, 75, done=2, most=2) == 1
+    assert ask(tmp_path, 75, done=0, most=0) == 1
+
+
+#: srun double: the first step plays a lost rank (rank 0 saves, srun ends the step non-zero), the next finishes
+LOSING_SRUN = """#!/bin/bash
+n=$(cat "$GYRE_RUN_DIR/steps" 2>/dev/null || echo 0); echo $((n + 1)) > "$GYRE_RUN_DIR/steps"
+if (( n == 0 )); then
+  mkdir -p "$GYRE_RUN_DIR/resume"; sleep 0.05; echo "{}" > "$GYRE_RUN_DIR/resume/state.json"
+  event='{"t": 1.0, "wall": '"$(date +%s.%N)"', "event": "preempted", "signal": "SIGTERM"}'
+  echo "$event" >> "$GYRE_RUN_DIR/events.jsonl"
+  exit 143
+fi
+rm -rf "$GYRE_RUN_DIR/resume"; exit 0
+"""
+#: srun double: every step waits for a signal, then saves and exits 75 (as the ranks do when preempted)
+WAITING_SRUN = """#!/bin/bash
+trap 'echo "{}" > "$GYRE_RUN_DIR/resume/state.json"; exit 75' USR1 TERM
+mkdir -p "$GYRE_RUN_DIR/resume"; touch "$GYRE_RUN_DIR/step-running"
+while true; do sleep 0.05; done
+"""
+FAKE_SCONTROL = """#!/bin/bash
+if [[ "$1" == show ]]; then for ((i = 1; i <= NODES; i++)); do echo "n$i"; done; exit 0; fi
+echo "$*" >> "$GYRE_RUN_DIR/scontrol.log"
+"""
+
+
+def job(tmp_path: Path, srun: str, overrides=()) -> tuple[subprocess.Popen, Path]:
+    cfg = load_config(None, ["slurm.signal=USR1@60", *overrides])
+    bin_dir, run_dir = tmp_path / "bin", tmp_path / "run"
+    bin_dir.mkdir()
+    for name, text in (("srun", srun), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    (bin_dir / "python3").symlink_to(sys.executable)  # slurm.python: this interpreter, this worktree's package
+    script = tmp_path / "job.sh"
+    script.write_text(render_sbatch(cfg, "c.yaml"))
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "GYRE_RUN_DIR": str(run_dir), "SLURM_JOB_ID": "7",
+           "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_NODELIST": "n[1-9]", "NODES": str(node_count(cfg)),
+           "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True), run_dir
+
+
+def test_the_script_sruns_a_step_that_lost_a_rank_again_in_the_same_allocation(tmp_path):
+    proc, run_dir = job(tmp_path, LOSING_SRUN)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert (run_dir / "steps").read_text().strip() == "2"
+    assert not (run_dir / "scontrol.log").exists()  # never requeued: relaunched inside the allocation
+    assert "relaunching in this allocation (1 of at most 2" in err
+    assert [e["after_exit"] for e in relaunched(run_dir)] == [143]
+
+
+def test_with_no_relaunches_the_lost_step_is_requeued_as_before(tmp_path):
+    proc, run_dir = job(tmp_path, LOSING_SRUN, ["run.max_relaunches=0"])
+    _, err = proc.communicate(timeout=60)
+    assert (run_dir / "steps").read_text().strip() == "1"
+    assert "requeue 7" in (run_dir / "scontrol.log").read_text() and proc.returncode == 0, err
+    assert relaunched(run_dir) == []
+
+
+@pytest.mark.parametrize("signal_name", ["USR1", "TERM"])
+def test_a_signal_to_the_batch_shell_is_never_relaunched(tmp_path, signal_name):
+    proc, run_dir = job(tmp_path, WAITING_SRUN)
+    deadline = time.time() + 30
+    while not (run_dir / "step-running").exists() and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(getattr(signal, f"SIG{signal_name}"))
+    _, err = proc.communicate(timeout=60)
+    assert relaunched(run_dir) == [] and "relaunching" not in err
+    log = run_dir / "scontrol.log"
+    assert (log.is_file() and "requeue 7" in log.read_text()) == (signal_name == "USR1"), err

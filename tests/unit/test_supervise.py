@@ -1,0 +1,144 @@
+"""gyre_hpc.live.supervise: when ``gyre train`` relaunches its run, and what it records (the launch itself is a
+double here: a function that writes what a segment's rank 0 and ``_failed`` would write; the live relaunch is
+tests/integration/test_relaunch.py)."""
+import json
+
+import pytest
+
+from gyre_hpc.errors import ConfigError
+from gyre_hpc.live import supervise
+from gyre_hpc.live.supervise import Segment, relaunch_reason
+from gyre_hpc.resume import PREEMPTED_EXIT
+
+
+def seg(exit=69, saved=True, resume_state=True, resumed=False, preempted=False) -> Segment:
+    return Segment(exit=exit, saved=saved, resume_state=resume_state, resumed=resumed, preempted=preempted)
+
+
+def test_a_lost_rank_with_its_resume_state_saved_is_relaunched_while_the_budget_lasts():
+    assert relaunch_reason(seg(), done=0, max_relaunches=2) == "rank_lost"
+    assert relaunch_reason(seg(), done=1, max_relaunches=2) == "rank_lost"
+    assert relaunch_reason(seg(), done=2, max_relaunches=2) is None
+
+
+def test_zero_relaunches_is_the_old_behaviour():
+    assert relaunch_reason(seg(), done=0, max_relaunches=0) is None
+
+
+def test_an_error_is_relaunched_only_when_rank_0_saved_the_resume_state():
+    assert relaunch_reason(seg(exit=70), 0, 2) == "error"
+    assert relaunch_reason(seg(exit=70, saved=False, resume_state=False), 0, 2) is None
+
+
+@pytest.mark.parametrize("code", [0, 1, 2, 75, 137, 143])
+def test_a_preemption_a_usage_error_or_any_other_status_is_never_relaunched(code):
+    assert relaunch_reason(seg(exit=code), 0, 2) is None
+
+
+def test_a_preemption_signal_during_the_segment_prevents_the_relaunch_even_after_a_lost_rank():
+    assert relaunch_reason(seg(preempted=True), 0, 2) is None
+
+
+def test_without_a_new_state_the_earlier_one_is_resumed_only_if_the_segment_never_resumed_from_it():
+    assert relaunch_reason(seg(saved=False, resumed=False), 0, 2) == "rank_lost"  # lost while it started
+    assert relaunch_reason(seg(saved=False, resumed=True), 0, 2) is None  # it went on: that state is stale
+    assert relaunch_reason(seg(saved=False, resume_state=False), 0, 2) is None  # nothing to resume
+
+
+def test_the_exit_statuses_agree_with_the_launchers():
+    from jobs.train import ERROR_EXIT, RANK_LOST_EXIT
+
+    assert set(supervise.RELAUNCH_REASONS) == {RANK_LOST_EXIT, ERROR_EXIT}
+
+
+class SegmentsDouble:
+    """Stands in for mpirun + ranks: each call plays the next scripted segment (its events, files, exit)."""
+
+    def __init__(self, run_dir, events, script):
+        self.run_dir, self.events, self.script, self.calls = run_dir, events, list(script), 0
+
+    def __call__(self) -> int:
+        kind = self.script[self.calls]
+        self.calls += 1
+        with open(self.events, "a") as f:
+            f.write(json.dumps({"t": float(self.calls), "event": "resumed" if self.calls > 1 else "started"}) + "\n")
+            if kind == "lost":
+                f.write(json.dumps({"t": self.calls + 0.5, "event": "lost_rank_saved"}) + "\n")
+        if kind == "lost":
+            (self.run_dir / "resume").mkdir(exist_ok=True)
+            (self.run_dir / "resume" / "state.json").write_text("{}")
+            return 69
+        if kind == "preempted":
+            return PREEMPTED_EXIT
+        (self.run_dir / "summary.json").write_text(json.dumps({"steps": 4}))
+        return 0
+
+
+def run(tmp_path, script, max_relaunches=2, precheck=lambda: None, preempted=lambda: False):
+    events = tmp_path / "events.jsonl"
+    launch = SegmentsDouble(tmp_path, events, script)
+    failures = []
+
+    def on_failure(code, before):
+        failures.append((code, before))
+        return code
+
+    code = supervise.supervise(tmp_path, events, max_relaunches, launch, on_failure, precheck, preempted)
+    relaunched = [json.loads(line) for line in events.read_text().splitlines()
+                  if json.loads(line)["event"] == "relaunched"]
+    return code, launch.calls, failures, relaunched
+
+
+def test_a_lost_rank_then_a_finished_segment_ends_with_the_summary_and_one_relaunched_event(tmp_path):
+    code, calls, failures, relaunched = run(tmp_path, ["lost", "done"])
+    assert (code, calls) == (0, 2)
+    assert failures == [(69, 0)]
+    assert [{k: e[k] for k in ("attempt", "after_exit", "reason")} for e in relaunched] == [
+        {"attempt": 1, "after_exit": 69, "reason": "rank_lost"}]
+    summary = supervise.add_relaunches(tmp_path / "summary.json", tmp_path / "events.jsonl")
+    assert summary["relaunches"] == 1
+    assert json.loads((tmp_path / "summary.json").read_text())["relaunches"] == 1
+
+
+def test_the_relaunched_event_continues_the_time_line(tmp_path):
+    run(tmp_path, ["lost", "done"])
+    times = [json.loads(line)["t"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert times == sorted(times)
+
+
+def test_the_budget_ends_the_relaunches_with_the_lost_ranks_exit(tmp_path):
+    code, calls, failures, relaunched = run(tmp_path, ["lost", "lost", "lost", "done"])
+    assert (code, calls) == (69, 3)
+    assert [e["attempt"] for e in relaunched] == [1, 2]
+    assert [before for _, before in failures] == [0, 3, 6]  # each segment's own events (2, and 1 relaunched)
+
+
+def test_a_preempted_segment_is_returned_as_is(tmp_path):
+    code, calls, failures, relaunched = run(tmp_path, ["preempted", "done"])
+    assert (code, calls, failures, relaunched) == (PREEMPTED_EXIT, 1, [], [])
+
+
+def test_a_failing_resume_precheck_ends_the_command_without_a_relaunch(tmp_path, capsys):
+    def precheck():
+        raise ConfigError("resume/state.json: broken")
+
+    code, calls, _, relaunched = run(tmp_path, ["lost", "done"], precheck=precheck)
+    assert (code, calls, relaunched) == (69, 1, [])
+    assert "not relaunched: resume/state.json: broken" in capsys.readouterr().err
+
+
+def test_a_preemption_that_comes_during_the_precheck_ends_as_preempted(tmp_path):
+    signals = []
+    code, calls, _, relaunched = run(tmp_path, ["lost", "done"], precheck=lambda: signals.append("SIGTERM"),
+                                     preempted=lambda: bool(signals))
+    assert (code, calls, relaunched) == (PREEMPTED_EXIT, 1, [])
+
+
+def test_the_relaunch_budget_may_change_across_a_resume():
+    from gyre_hpc import resume
+    from gyre_hpc.config import load_config, to_dict
+
+    saved = to_dict(load_config("configs/local.yaml", []))
+    assert resume.config_changes(saved, to_dict(load_config("configs/local.yaml", ["run.max_relaunches=0"]))) == {}
+    del saved["run"]["max_relaunches"]  # a run directory written before the key existed
+    assert resume.config_changes(saved, to_dict(load_config("configs/local.yaml", []))) == {}
