@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from gyre_hpc import resume
+from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.errors import GyreError
 from gyre_hpc.io import atomic_write_json
 from gyre_hpc.live.lost import RANK_LOST_EXIT
@@ -80,10 +80,10 @@ def segment(run_dir: Path, events_path: Path, code: int, before: int, preempted:
                    resumed="resumed" in kinds, preempted=preempted)
 
 
-def record(events_path: Path, attempt: int, after_exit: int, reason: str) -> None:
+def record(events_path: Path, attempt: int, after_exit: int, reason: str, clock: Clock | None = None) -> None:
     """Append the ``relaunched`` event (its ``t`` continues the run's time line)."""
     t = max((float(e.get("t", 0.0)) for e in events_of(events_path)), default=0.0)
-    rec = {"t": t, "wall": round(time.time(), 6), "event": EVENT, "attempt": attempt, "after_exit": after_exit,
+    rec = {"t": t, "wall": round((clock or WallClock()).wall(), 6), "event": EVENT, "attempt": attempt, "after_exit": after_exit,
            "reason": reason}
     with open(events_path, "a", encoding="utf-8") as f:
         f.write(json.dumps(rec) + "\n")

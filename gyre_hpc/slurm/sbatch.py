@@ -154,7 +154,7 @@ def _launch(cfg: GyreConfig, layout, config_path: str, overrides: Sequence[str])
     ] + _relaunch(cfg) + ["done"] + _requeue(s, config_path) + ['exit "$RC"']
 
 
-def _relaunch(cfg) -> list[str]:
+def _relaunch(cfg: GyreConfig) -> list[str]:
     """Shell lines at the end of the step loop: a step that lost a rank (no signal to this shell, a resume state
     written during it) is run again in this allocation, at most run.max_relaunches times (gyre_hpc.slurm.relaunch,
     the rule of ``gyre train``'s own supervisor, gyre_hpc.live.supervise)."""

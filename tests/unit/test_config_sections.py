@@ -28,7 +28,7 @@ ROOT_OK = {
     *(f"gyre_hpc/models/run_init.py:{f}" for f in ("init_args", "materialise", "for_run")),
     # the sbatch script and the submitit parameters render the whole config
     *(f"gyre_hpc/slurm/sbatch.py:{f}" for f in ("node_count", "render_sbatch", "_header", "_directives",
-                                                "_environment", "_launch")),
+                                                "_environment", "_launch", "_relaunch")),
     *(f"gyre_hpc/slurm/jobspec.py:{f}" for f in ("timeout_minutes", "_site", "setup_lines", "train_parameters",
                                                  "single_task_parameters")),
     "gyre_hpc/slurm/layout.py:check_live_run",
