@@ -52,9 +52,10 @@ from gyre_hpc.config import AllocatorConfig, EngineConfig, ModelConfig, ProxyCon
 from gyre_hpc.errors import GyreError, TransferError
 from gyre_hpc.io import atomic_write_json
 from gyre_hpc.live.preempt import Preemption
+from gyre_hpc.proxy.routing import ProxyError
 
 CORE = 0  # the allocator's core cell (AllocatorServer's default)
-SHUTDOWN_LOOK_S = 5.0  # after a failed weight pull: how long to look for a Shutdown that explains it
+SHUTDOWN_LOOK_S = 5.0  # after a failed pull or registration: how long to look for a Shutdown that explains it
 
 
 class _RunOver(Exception):
@@ -181,7 +182,12 @@ class CellRunner:
         else:
             if self.is_core:
                 self._report()
-            timing.update(self._busy(self.rollout.start))
+            try:
+                timing.update(self._busy(self.rollout.start))
+            except ProxyError:  # rank 0 stops the proxy when the run ends (a preemption during this switch)
+                if self._shutdown_came():
+                    return  # Shutdown is next in the stash; the engine stops with the cell (rollout.close)
+                raise
         self.role = order.role
         timing["total_s"] = self.clock.now() - t0
         clean = {k: float(v) for k, v in timing.items() if k.endswith("_s")}
@@ -240,12 +246,16 @@ class CellRunner:
         try:
             return self._busy(self.trainer.ensure, version)
         except TransferError:
-            # the Shutdown may sit unread in MPI (no progress during the pull): look for a while, not just once
-            wait_until(lambda: any(isinstance(o, Shutdown) for o in self.stash), SHUTDOWN_LOOK_S, self.clock,
-                       poll_s=0.0, idle=self._look_for_order)  # the look itself waits (next_order blocks up to 0.05 s)
-            if any(isinstance(o, Shutdown) for o in self.stash):
+            if self._shutdown_came():
                 raise _RunOver from None
             raise
+
+    def _shutdown_came(self) -> bool:
+        """After a failure the end of the run would explain (the core closed its weights, rank 0 stopped the
+        proxy): whether a Shutdown came. It may sit unread in MPI (no progress during the failed call): look for a
+        while, not just once."""
+        return wait_until(lambda: any(isinstance(o, Shutdown) for o in self.stash), SHUTDOWN_LOOK_S, self.clock,
+                          poll_s=0.0, idle=self._look_for_order)  # the look waits (next_order blocks up to 0.05 s)
 
     def _look_for_order(self) -> None:
         self.link.beat()

@@ -1,5 +1,6 @@
 """gyre_hpc.live.cell_runner: a satellite's weight pull that fails because the run ended (the core closed its weights
-after Shutdown) ends the cell in order; one that fails while the run goes on still raises.
+after Shutdown) ends the cell in order, and so does an engine registration that fails because rank 0 stopped the
+proxy (a preemption while the cell switched to rollout); either failing while the run goes on still raises.
 
 The race itself (Shutdown while a satellite pulls) happened in a live 4-cell SLURM run and ended the whole step
 with exit 2; here the allocator is a real ``CellLink`` over the in-process transport and the only stand-in is the
@@ -16,6 +17,7 @@ from gyre_hpc.allocator.types import Role
 from gyre_hpc.live import cell_runner as runner_module
 from gyre_hpc.live.cell_runner import CellRunner, _RunOver
 from gyre_hpc.errors import TransferError
+from gyre_hpc.proxy.routing import ProxyError
 
 
 class GoneCore:
@@ -27,6 +29,14 @@ class GoneCore:
 
 class StoppedEngine:
     running = False
+
+
+class ProxyGone(StoppedEngine):
+    """A rollout side whose engine started but whose proxy no longer answers the registration."""
+
+    def start(self):
+        raise ProxyError("http://127.0.0.1:47135/admin/engines: no answer (ConnectError: [Errno 111] Connection "
+                         "refused)", 503)
 
 
 def satellite(world: InProcessWorld) -> CellRunner:
@@ -64,3 +74,23 @@ def test_a_switch_to_train_cut_by_shutdown_sends_no_switch_done():
     runner._switch(SwitchTo(cell=1, role=Role.TRAIN, order=7))
     assert alloc.poll() is None  # the allocator, shutting down, waits only for Bye
     assert runner.switches == [] and isinstance(runner.stash[0], Shutdown)
+
+
+def test_a_switch_to_rollout_whose_proxy_stopped_after_shutdown_sends_no_switch_done():
+    world = InProcessWorld(3)
+    alloc = world.endpoint(0)
+    alloc.send(2, Shutdown(reason="preempted: SIGTERM"))
+    runner = satellite(world)
+    runner.switches, runner.rollout = [], ProxyGone()
+    runner._switch(SwitchTo(cell=1, role=Role.ROLLOUT, order=8))
+    assert alloc.poll() is None  # no SwitchDone: the allocator, shutting down, waits only for Bye
+    assert runner.switches == [] and isinstance(runner.stash[0], Shutdown)
+
+
+def test_a_registration_failing_while_the_run_goes_on_still_raises(monkeypatch):
+    monkeypatch.setattr(runner_module, "SHUTDOWN_LOOK_S", 0.3)
+    runner = satellite(InProcessWorld(3))
+    runner.switches, runner.rollout = [], ProxyGone()
+    with pytest.raises(ProxyError, match="no answer"):
+        runner._switch(SwitchTo(cell=1, role=Role.ROLLOUT, order=8))
+    assert runner.switches == [] and runner.stash == []
