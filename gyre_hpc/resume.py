@@ -49,6 +49,9 @@ FORMAT = 1
 DIR, STATE, CHECKPOINT = "resume", "state.json", "checkpoint"
 #: SchedState fields saved and restored: the policy version, step count and the staleness bookkeeping
 SCHED_FIELDS = ("version", "steps_done", "trained_batches", "lag_sum", "admitted_queries")
+#: saved too and restored when present (a state written before they existed lacks them): the token-weighted
+#: staleness sums the admission window reads (``SchedState.measured_lag``)
+SCHED_TOKEN_FIELDS = ("lag_token_sum", "lag_tokens")
 BUFFER_KEYS = ("gid", "tito", "runs", "trained_tokens", "gen_versions")
 #: the files of rank r in a checkpoint directory (gyre_hpc.train.checkpoint writes them; no pickle with globals)
 RANK_FILES = ("rank{rank:03d}.safetensors", "rank{rank:03d}.state.pt")
@@ -95,7 +98,7 @@ def exists(run_dir: str | Path) -> bool:
 
 
 def sched_snapshot(state: SchedState) -> dict[str, Any]:
-    return {k: getattr(state, k) for k in SCHED_FIELDS}
+    return {k: getattr(state, k) for k in SCHED_FIELDS + SCHED_TOKEN_FIELDS}
 
 
 def save(run_dir: str | Path, state: dict[str, Any], checkpoint: str | Path) -> Path:
@@ -230,7 +233,7 @@ def _checkpoint_version(checkpoint: Path) -> int | None:
 def restore_sched(state: SchedState, saved: dict[str, Any], buffered: int, backlog_work_s: float,
                   now: float) -> None:
     """Give a fresh ``state`` the saved counters; ``buffered`` groups wait ready and unprocessed."""
-    for k in SCHED_FIELDS:
+    for k in SCHED_FIELDS + tuple(k for k in SCHED_TOKEN_FIELDS if k in saved):
         setattr(state, k, type(getattr(state, k))(saved[k]))
     state.inflight_groups = state.step_groups = 0
     state.unprocessed_groups = buffered

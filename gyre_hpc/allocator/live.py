@@ -148,7 +148,7 @@ class LiveExecutor:
                                 f"{st.unprocessed_groups} were waiting and {st.ready_groups} are ready")
         tr.groups_trained(st, m.groups, m.work_s)
         if step:
-            tr.step_done(st, self.policy.cfg.batch_groups, m.mean_lag, now)
+            tr.step_done(st, self.policy.cfg.batch_groups, m.mean_lag, now, m.lag_tokens)
         if m.cell == st.core:
             st.optimizing = m.optimizing
         rec = {"event": "train_progress", "cell": m.cell, "groups": m.groups, "version": m.version,

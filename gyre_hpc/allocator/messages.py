@@ -180,7 +180,8 @@ class GroupsReady(_Message):
 class TrainProgress(_Message):
     """A training cell processed ``groups`` more groups (``work_s`` cell-seconds); the core also reports
     ``version`` (its policy version after this report: one more than before = an optimizer step finished,
-    with ``mean_lag`` the batch's mean per-token lag) and whether an optimizer step is under way."""
+    with ``mean_lag`` the batch's mean per-token lag over its ``lag_tokens`` trained tokens) and whether an
+    optimizer step is under way."""
 
     cell: int
     version: int
@@ -188,9 +189,10 @@ class TrainProgress(_Message):
     work_s: float = 0.0
     optimizing: bool = False
     mean_lag: float = 0.0
+    lag_tokens: float = 0.0
 
     def _check(self) -> None:
-        _nonneg(self, "work_s", "mean_lag")
+        _nonneg(self, "work_s", "mean_lag", "lag_tokens")
 
 
 @dataclass(frozen=True)

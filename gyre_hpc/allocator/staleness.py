@@ -9,9 +9,14 @@ Enforcement. Generation may run ahead of training only by a window of admitted-b
 The window starts at the prior ``B * (1 + prior * target)`` and is corrected by integral feedback on the
 measured batch lags::
 
-    window = clamp(B * (1 + prior * target + gain * sum_k (target - lag_k)), B, max_window)
+    window = clamp(B * (1 + prior * target + gain * n * (target - E[d])), B, max_window)
 
-so batches that were staler than the target shrink the window and fresher ones grow it. The prior depends on
+with n the trained batches and E[d] the token-weighted mean lag of every token trained so far -- the quantity
+that is reported and held to the target -- so staler training shrinks the window and fresher grows it. The
+plain mean of the n batch means (``sum_k lag_k / n``) is used only where no token counts were reported; it is
+not the same quantity: a streaming policy trains in completion order, so its first batches hold the short
+runs (few tokens, fresh) and its later ones the long runs (many tokens, stale), and the plain mean of batch
+means understated gyre's E[d] (live, 6 steps at target 0.5: 0.68 against 0.73 measured, issue 13). The prior depends on
 the order in which groups are trained (``prior_for``): a fixed batch is trained in admission order, so with
 N groups in flight a token waits about N / (2B) steps (Little's law, prior 2); a streaming policy trains in
 completion order, so the long runs of every admitted group wait for the short runs of later ones and each
@@ -28,6 +33,8 @@ and the maximum. E[d] of a run is the token-weighted mean over all its steps.
 
 Invariants
 - ``admission_window`` is at least one batch (training can never starve) and at most ``max_window``.
+- The window's feedback and the ``staleness_max`` cap read the token-weighted E[d] (``SchedState.measured_lag``)
+  whenever token counts were reported, the same number ``LagLedger`` and the live summary report.
 - ``LagLedger`` never records a trained token with lag above ``max_staleness`` (those are counted as masked).
 - Per-token statistics weight every token equally; per-sample statistics weight every run equally.
 - ``comparable`` is symmetric; a benchmark marks a ratio whose two E[d] are not comparable as "not comparable".
@@ -52,9 +59,10 @@ def prior_for(streaming: bool) -> float:
 def admission_window(state: SchedState, batch: int, target: float, gain: float, max_window: int,
                      prior: float = PRIOR_FIXED_BATCHES, cap: float | None = None) -> int:
     """Admitted-but-untrained groups allowed now (see the module docstring); ``cap`` = ``staleness_max``."""
-    if cap is not None and state.trained_batches and state.lag_sum >= cap * state.trained_batches:
+    measured = state.measured_lag  # token-weighted, as E[d] is reported (not the plain mean of batch means)
+    if cap is not None and state.trained_batches and measured >= cap:
         return batch
-    error = state.trained_batches * target - state.lag_sum
+    error = state.trained_batches * (target - measured)
     window = batch * (1.0 + prior * target + gain * error)
     return int(min(max(round(window), batch), max_window))
 

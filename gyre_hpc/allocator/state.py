@@ -50,6 +50,8 @@ class SchedState:
     unfinished_runs: int = 0       # admitted runs that have not ended (on a cell or parked)
     trained_batches: int = 0
     lag_sum: float = 0.0           # sum over trained batches of the batch's mean per-token lag
+    lag_token_sum: float = 0.0     # sum over trained tokens of their lag (0 with lag_tokens 0: not reported)
+    lag_tokens: float = 0.0        # trained tokens whose lag was reported
     _ready_t: list[float] = field(default_factory=lambda: [0.0])   # monotone stack: since when ...
     _ready_c: list[int] = field(default_factory=lambda: [0])       # ... the count has been >= this
 
@@ -100,6 +102,17 @@ class SchedState:
         assert self.unfinished_runs == on_cells + self.parked_runs, (
             f"unfinished_runs {self.unfinished_runs} != {on_cells} on cells + {self.parked_runs} parked")
 
-    def record_batch_lag(self, mean_lag: float) -> None:
+    def record_batch_lag(self, mean_lag: float, tokens: float = 0.0) -> None:
+        """One trained batch: its mean per-token lag and how many tokens it trained (0: not reported)."""
         self.trained_batches += 1
         self.lag_sum += mean_lag
+        self.lag_token_sum += mean_lag * tokens
+        self.lag_tokens += tokens
+
+    @property
+    def measured_lag(self) -> float:
+        """E[d] so far as it is reported: the token-weighted mean lag of every trained token; the plain mean
+        of the batch means where no token counts were reported (0.0 before the first step)."""
+        if self.lag_tokens > 0:
+            return self.lag_token_sum / self.lag_tokens
+        return self.lag_sum / self.trained_batches if self.trained_batches else 0.0

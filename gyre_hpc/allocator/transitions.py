@@ -70,8 +70,9 @@ def groups_trained(state: SchedState, groups: int, work_s: float) -> None:
     state.backlog_work_s = max(0.0, state.backlog_work_s - work_s)
 
 
-def step_done(state: SchedState, batch_groups: int, mean_lag: float, now: float) -> None:
-    """An optimizer step over ``batch_groups`` groups finished; ``mean_lag`` is the batch's mean token lag."""
+def step_done(state: SchedState, batch_groups: int, mean_lag: float, now: float, lag_tokens: float = 0.0) -> None:
+    """An optimizer step over ``batch_groups`` groups finished; ``mean_lag`` is the batch's mean token lag over
+    its ``lag_tokens`` trained tokens."""
     if state.ready_groups < batch_groups:
         raise SchedulingError(f"an optimizer step needs {batch_groups} ready groups, {state.ready_groups} are")
     state.optimizing = False
@@ -79,7 +80,7 @@ def step_done(state: SchedState, batch_groups: int, mean_lag: float, now: float)
     state.steps_done += 1
     state.burst_steps += 1
     state.step_groups = max(0, state.step_groups - batch_groups)
-    state.record_batch_lag(mean_lag)
+    state.record_batch_lag(mean_lag, lag_tokens)
     state.set_ready(state.ready_groups - batch_groups, now)
 
 

@@ -125,9 +125,12 @@ def snapshot(server, hub, rollouts, steps: list[dict], carry: dict, wall_s: floa
 
 
 def sched_from_steps(steps: list[dict], sched: dict) -> dict:
-    """The SchedState counters the step records imply (``SchedState.apply_step`` adds each step's mean lag)."""
+    """The SchedState counters the step records imply (``SchedState.record_batch_lag`` adds each step's mean lag,
+    and its lag times its ``lag_tokens``)."""
+    lags = [(max(0.0, float(s["staleness_mean"])), float(s.get("lag_tokens", 0))) for s in steps]
     return {**sched, "version": len(steps), "steps_done": len(steps), "trained_batches": len(steps),
-            "lag_sum": sum(max(0.0, float(s["staleness_mean"])) for s in steps)}
+            "lag_sum": sum(lag for lag, _ in lags), "lag_token_sum": sum(lag * n for lag, n in lags),
+            "lag_tokens": sum(n for _, n in lags)}
 
 
 def save(run_dir: Path, state: dict) -> Path:

@@ -103,7 +103,8 @@ class LiveServer(AllocatorServer):
         allocator's state (as the core's ``TrainProgress`` to version ``rec["version"]``, with the groups it
         processed since its last report) before the hub answers another WANT, so both see the same version."""
         msg = TrainProgress(cell=self.state.core, version=rec["version"], groups=progress.get("groups", 0),
-                            work_s=progress.get("work_s", 0.0), mean_lag=max(0.0, rec.get("staleness_mean", 0.0)))
+                            work_s=progress.get("work_s", 0.0), mean_lag=max(0.0, rec.get("staleness_mean", 0.0)),
+                            lag_tokens=float(rec.get("lag_tokens", 0)))
         self.step_applied |= self._apply(msg, self.clock.now(), None)
 
     def abandon_shutdown(self) -> bool:

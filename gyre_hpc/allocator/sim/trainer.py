@@ -102,7 +102,8 @@ class TrainerSide:
         st = self.state
         self.train_busy += self.sim.optimizer_s
         self.step_times.append(now)
-        tr.step_done(st, self.B, self.batch_lag[0] / self.batch_lag[1] if self.batch_lag[1] else 0.0, now)
+        tr.step_done(st, self.B, self.batch_lag[0] / self.batch_lag[1] if self.batch_lag[1] else 0.0, now,
+                     self.batch_lag[1])
         self.batch_lag = [0.0, 0.0]
         self.step_n = 0
         self.pool.bump(now, st.version)
