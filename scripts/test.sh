@@ -6,6 +6,7 @@
 # slurm (or serial: timing-sensitive) in GYRE_TEST_WORKERS parallel xdist workers (default 2; one test file per worker at a time, so a module's
 # engine starts once), then the mpi/slurm tests one at a time (each already runs several processes). The exit
 # status is pytest's: the first invocation's when it is not 0, else the second's. With arguments: one plain pytest.
+# Each group ends with its 25 slowest tests (--durations=25), so that CI logs show where the time goes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # the import contract first (issue 14): a new cycle or upward import fails before any test runs
@@ -25,8 +26,8 @@ if [ "$#" -gt 0 ]; then
   python -m pytest "$@"
   exit $?
 fi
-python -m pytest -p xdist -n "${GYRE_TEST_WORKERS:-2}" --dist loadfile -m "not (mpi or slurm or serial)"
+python -m pytest -p xdist -n "${GYRE_TEST_WORKERS:-2}" --dist loadfile -m "not (mpi or slurm or serial)" --durations=25
 rc=$?
-python -m pytest -m "mpi or slurm or serial"
+python -m pytest -m "mpi or slurm or serial" --durations=25
 rc2=$?
 exit $(( rc != 0 ? rc : rc2 ))
