@@ -1,14 +1,47 @@
 """Run ``gyre train configs/local.yaml --json`` the way a user does (it launches mpirun itself) for a test."""
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 480
+
+
+class RunWatcher(threading.Thread):
+    """A thread that acts on a live run under ``out`` while it runs (kill, drain...), until ``timeout_s``; what it
+    did or the error it met is for the test to check (``error``: empty when none)."""
+
+    def __init__(self, out: Path, timeout_s: float):
+        super().__init__(daemon=True)
+        self.out, self.deadline = out, time.monotonic() + timeout_s
+        self.error = ""
+
+    def _wait(self, probe, every_s: float = 0.1, retry_on: tuple = ()):
+        """``probe()`` once it is not None (an exception in ``retry_on`` counts as None), polled every ``every_s``."""
+        while time.monotonic() < self.deadline:
+            try:
+                got = probe()
+            except retry_on:
+                got = None
+            if got is not None:
+                return got
+            time.sleep(every_s)
+        raise TimeoutError(f"gave up waiting for {probe}")
+
+    def _proxy_url(self) -> str | None:
+        """The run's proxy URL, once its proxy.log says it is ready."""
+        for log in self.out.glob("*/proxy.log"):
+            m = re.search(r"gyre-proxy ready url=(\S+)", log.read_text(errors="replace"))
+            if m:
+                return m.group(1)
+        return None
 
 
 def launcher_env() -> dict[str, str]:

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 
 from gyre_hpc import auth
 from gyre_hpc.allocator.eventlog import read_events
-from live_run import run_live
+from live_run import RunWatcher, run_live
 from slurm_cluster import mpirun  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow]
@@ -31,14 +30,12 @@ OVERRIDES = [
 ]
 
 
-class EngineKiller(threading.Thread):
+class EngineKiller(RunWatcher):
     """Kills one engine that has calls in flight, as soon as another engine serves beside it."""
 
     def __init__(self, out: Path, timeout_s: float = 300.0):
-        super().__init__(daemon=True)
-        self.out, self.deadline = out, time.monotonic() + timeout_s
+        super().__init__(out, timeout_s)
         self.killed: dict | None = None
-        self.error = ""
 
     def run(self) -> None:
         try:
@@ -51,21 +48,6 @@ class EngineKiller(threading.Thread):
                 self.killed = {**victim, "pid": pid, "t": time.time()}
         except Exception as exc:  # reported by the test
             self.error = f"{type(exc).__name__}: {exc}"
-
-    def _wait(self, probe, every_s: float = 0.1):
-        while time.monotonic() < self.deadline:
-            got = probe()
-            if got is not None:
-                return got
-            time.sleep(every_s)
-        raise TimeoutError(f"gave up waiting for {probe}")
-
-    def _proxy_url(self) -> str | None:
-        for log in self.out.glob("*/proxy.log"):
-            m = re.search(r"gyre-proxy ready url=(\S+)", log.read_text(errors="replace"))
-            if m:
-                return m.group(1)
-        return None
 
     @staticmethod
     def _victim(engines: list[dict]) -> dict | None:

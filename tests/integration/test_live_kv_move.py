@@ -2,9 +2,6 @@
 a rollout engine drained while it serves calls (what the allocator does at a switch; here an operator thread asks
 the proxy, as test_live_faults kills an engine, because whether a switch finds calls in flight is up to timing)
 moves their KV blocks to the engines that stay, and the run trains every step without losing a run."""
-import re
-import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -12,7 +9,7 @@ import pytest
 
 from gyre_hpc import auth
 from gyre_hpc.proxy.events import read_events
-from live_run import run_live
+from live_run import RunWatcher, run_live
 from slurm_cluster import mpirun  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow]
@@ -25,14 +22,13 @@ OVERRIDES = [
 ]
 
 
-class Drainer(threading.Thread):
+class Drainer(RunWatcher):
     """Drains an engine with calls in flight while another serves, then adds it back; until a KV move is seen."""
 
     def __init__(self, out: Path, timeout_s: float = 300.0, tries: int = 5):
-        super().__init__(daemon=True)
-        self.out, self.deadline, self.tries = out, time.monotonic() + timeout_s, tries
+        super().__init__(out, timeout_s)
+        self.tries = tries
         self.drains: list[dict] = []
-        self.error = ""
 
     def run(self) -> None:
         try:
@@ -48,21 +44,6 @@ class Drainer(threading.Thread):
                         return
         except Exception as exc:  # reported by the test
             self.error = f"{type(exc).__name__}: {exc}"
-
-    def _wait(self, probe, every_s: float = 0.1):
-        while time.monotonic() < self.deadline:
-            got = probe()
-            if got is not None:
-                return got
-            time.sleep(every_s)
-        raise TimeoutError(f"gave up waiting for {probe}")
-
-    def _proxy_url(self) -> str | None:
-        for log in self.out.glob("*/proxy.log"):
-            m = re.search(r"gyre-proxy ready url=(\S+)", log.read_text(errors="replace"))
-            if m:
-                return m.group(1)
-        return None
 
     @staticmethod
     def _busy(http: httpx.Client) -> dict | None:

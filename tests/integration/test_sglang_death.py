@@ -13,7 +13,6 @@ import json
 import os
 import re
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import pytest
 
 from gyre_hpc import auth
 from gyre_hpc.allocator.eventlog import read_events
-from live_run import run_live
+from live_run import RunWatcher, run_live
 from slurm_cluster import mpirun  # noqa: F401  (fixture)
 
 #: as test_sglang_live.py: an SGLang cold start is ~20 s on 2 idle cores and minutes on the shared ones under load
@@ -34,45 +33,25 @@ pytestmark = [pytest.mark.sglang, pytest.mark.mpi, pytest.mark.megatron, pytest.
               pytest.mark.serial, pytest.mark.timeout(TIMEOUT_S + 120)]
 
 
-class ServerKiller(threading.Thread):
+class ServerKiller(RunWatcher):
     """SIGKILLs cell 1's SGLang server by PID once it has calls in flight while another engine serves."""
 
     def __init__(self, out: Path, timeout_s: float = TIMEOUT_S):
-        super().__init__(daemon=True)
-        self.out, self.deadline = out, time.monotonic() + timeout_s
+        super().__init__(out, timeout_s)
         self.killed: dict | None = None
-        self.error = ""
 
     def run(self) -> None:
         try:
-            proxy = self._wait(self._proxy_url)
+            proxy = self._wait(self._proxy_url, retry_on=(httpx.HTTPError,))
             secret = self._wait(lambda: next((p.read_text() for p in self.out.glob(f"*/{auth.SECRET_FILE}")), None))
             with httpx.Client(base_url=proxy, timeout=5.0, headers=auth.bearer(secret)) as http:
-                victim = self._wait(lambda: self._victim(self._engines(http)), 0.01)
+                victim = self._wait(lambda: self._victim(self._engines(http)), 0.01, retry_on=(httpx.HTTPError,))
                 server = self._server(victim)
                 children = [(c.pid, c.create_time()) for c in server.children(recursive=True)]
                 os.kill(server.pid, signal.SIGKILL)
                 self.killed = {**victim, "pid": server.pid, "children": children, "t": time.time()}
         except Exception as exc:  # reported by the test
             self.error = f"{type(exc).__name__}: {exc}"
-
-    def _wait(self, probe, every_s: float = 0.1):
-        while time.monotonic() < self.deadline:
-            try:
-                got = probe()
-            except httpx.HTTPError:  # the proxy is starting or busy: ask again
-                got = None
-            if got is not None:
-                return got
-            time.sleep(every_s)
-        raise TimeoutError(f"gave up waiting for {probe}")
-
-    def _proxy_url(self) -> str | None:
-        for log in self.out.glob("*/proxy.log"):
-            m = re.search(r"gyre-proxy ready url=(\S+)", log.read_text(errors="replace"))
-            if m:
-                return m.group(1)
-        return None
 
     @staticmethod
     def _victim(engines: list[dict]) -> dict | None:
