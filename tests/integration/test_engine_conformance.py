@@ -131,6 +131,18 @@ def _spans(res: GenerateResult) -> list[tuple[str, int, int]]:
     return [(s.version, s.start, s.end) for s in res.weight_versions]
 
 
+def _assert_updated_under_a_held_request(client, stats, n_tensors, res, old, new, before, greedy) -> None:
+    """A push that landed at once while a request decoded: the request ran to its end (never aborted) with its
+    version spans split at the update, the engine reports ``new``, and greedy output changed."""
+    assert stats["attempt"] == 0 and stats["tensors"] == n_tensors
+    assert res.finish_reason == "length" and len(res.output_ids) == HELD  # never aborted
+    spans = _spans(res)
+    assert len(spans) == 2 and spans[0][:2] == (old, 0) and spans[1][0] == new and spans[1][2] == HELD
+    assert spans[0][2] == spans[1][1]
+    assert client.weight_version() == new == client.model_info()["weight_version"]
+    assert client.generate(PROMPT, greedy).output_ids != before
+
+
 # ------------------------------------------------------------------------------------------------- generate
 def test_generate_returns_the_requested_tokens_logprobs_and_one_version_span(client):
     version = client.weight_version()
@@ -276,13 +288,7 @@ def test_a_distributed_weight_update_shows_in_model_info_and_generation_and_spli
         res = bg.join()
     finally:
         pusher.close()
-    assert stats["attempt"] == 0 and stats["tensors"] == len(tensors)
-    assert res.finish_reason == "length" and len(res.output_ids) == HELD  # never aborted
-    spans = _spans(res)
-    assert len(spans) == 2 and spans[0][:2] == (old, 0) and spans[1][0] == new and spans[1][2] == HELD
-    assert spans[0][2] == spans[1][1]
-    assert client.weight_version() == new == client.model_info()["weight_version"]
-    assert client.generate(PROMPT, greedy).output_ids != before
+    _assert_updated_under_a_held_request(client, stats, len(tensors), res, old, new, before, greedy)
 
 
 # ---------------------------------------------------------------------------------------- tensor weights
@@ -298,13 +304,7 @@ def test_a_tensor_weight_update_shows_in_model_info_and_generation_and_splits_in
     client.pause("in_place")  # held for sure while the tensors are shared (the push pauses again, then continues)
     stats = TensorPusher(client, retries=0).push(tensors, new)
     res = bg.join()
-    assert stats["attempt"] == 0 and stats["tensors"] == len(tensors)
-    assert res.finish_reason == "length" and len(res.output_ids) == HELD  # never aborted
-    spans = _spans(res)
-    assert len(spans) == 2 and spans[0][:2] == (old, 0) and spans[1][0] == new and spans[1][2] == HELD
-    assert spans[0][2] == spans[1][1]
-    assert client.weight_version() == new == client.model_info()["weight_version"]
-    assert client.generate(PROMPT, greedy).output_ids != before
+    _assert_updated_under_a_held_request(client, stats, len(tensors), res, old, new, before, greedy)
 
 
 def test_a_tensor_update_outside_begin_end_is_a_400_that_changes_nothing(client):

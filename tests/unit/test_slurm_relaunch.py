@@ -14,6 +14,7 @@ import pytest
 from gyre_hpc.config import load_config
 from gyre_hpc.slurm import relaunch
 from gyre_hpc.slurm.sbatch import node_count, render_sbatch
+from test_sbatch import FAKE_SCONTROL, FAKE_SRUN  # the same srun/scontrol doubles as the requeue tests
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,16 +80,8 @@ if (( n == 0 )); then
 fi
 rm -rf "$GYRE_RUN_DIR/resume"; exit 0
 """
-#: srun double: every step waits for a signal, then saves and exits 75 (as the ranks do when preempted)
-WAITING_SRUN = """#!/bin/bash
-trap 'echo "{}" > "$GYRE_RUN_DIR/resume/state.json"; exit 75' USR1 TERM
-mkdir -p "$GYRE_RUN_DIR/resume"; touch "$GYRE_RUN_DIR/step-running"
-while true; do sleep 0.05; done
-"""
-FAKE_SCONTROL = """#!/bin/bash
-if [[ "$1" == show ]]; then for ((i = 1; i <= NODES; i++)); do echo "n$i"; done; exit 0; fi
-echo "$*" >> "$GYRE_RUN_DIR/scontrol.log"
-"""
+#: srun double that waits for a signal, then saves and exits 75 (as preempted ranks do); the scontrol double
+WAITING_SRUN = FAKE_SRUN
 
 
 def job(tmp_path: Path, srun: str, overrides=()) -> tuple[subprocess.Popen, Path]:
