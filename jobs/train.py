@@ -41,7 +41,8 @@ from gyre_hpc.io import atomic_write_json, atomic_write_text, make_run_dir
 from gyre_hpc.models import run_init
 from gyre_hpc.live.launch import launch, rank_command
 from gyre_hpc.live.rank import check_resume_config, early_preemption, print_summary, run_rank
-from gyre_hpc.live.supervise import add_relaunches, supervise
+from gyre_hpc.live.lost import RANK_LOST_EXIT
+from gyre_hpc.live.supervise import ERROR_EXIT, add_relaunches, supervise
 from gyre_hpc.resume import PREEMPTED_EXIT
 from jobs import add_overrides
 
@@ -65,8 +66,6 @@ run.max_relaunches times (default 2; --set run.max_relaunches=0 exits 69 instead
 """
 
 MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK")
-#: exit status of a run that lost a rank (EX_UNAVAILABLE) or ended on an unrecoverable error (EX_SOFTWARE)
-RANK_LOST_EXIT, ERROR_EXIT = 69, 70
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -37,7 +37,7 @@ from gyre_hpc.io import atomic_write_json
 from gyre_hpc.live.lost import RANK_LOST_EXIT
 from gyre_hpc.resume import PREEMPTED_EXIT
 
-#: exit status of a run that ended on an unrecoverable error (EX_SOFTWARE); jobs/train.py uses the same number
+#: exit status of a run that ended on an unrecoverable error (EX_SOFTWARE); RANK_LOST_EXIT (69) is live/lost.py's
 ERROR_EXIT = 70
 #: the exit statuses after which a run may be relaunched, and the reason each is recorded with
 RELAUNCH_REASONS = {RANK_LOST_EXIT: "rank_lost", ERROR_EXIT: "error"}
@@ -81,12 +81,15 @@ def segment(run_dir: Path, events_path: Path, code: int, before: int, preempted:
 
 
 def record(events_path: Path, attempt: int, after_exit: int, reason: str, clock: Clock | None = None) -> None:
-    """Append the ``relaunched`` event (its ``t`` continues the run's time line)."""
+    """Append the ``relaunched`` event through the one event log (its ``t`` continues the run's time line)."""
+    from gyre_hpc.allocator.eventlog import EventLog
+
     t = max((float(e.get("t", 0.0)) for e in events_of(events_path)), default=0.0)
-    rec = {"t": t, "wall": round((clock or WallClock()).wall(), 6), "event": EVENT, "attempt": attempt, "after_exit": after_exit,
-           "reason": reason}
-    with open(events_path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(rec) + "\n")
+    log = EventLog(events_path, clock or WallClock())
+    try:
+        log.write(EVENT, t=t, attempt=attempt, after_exit=after_exit, reason=reason)
+    finally:
+        log.close()
 
 
 def supervise(run_dir: Path, events_path: Path, max_relaunches: int, launch_once: Callable[[], int],
