@@ -29,7 +29,8 @@ Invariants (tests/integration/test_live_training.py)
   ready then (the queries a resume re-issues, or counts as dropped). ``reissue(gids)`` makes the next
   ``admit`` start those queries again, before any new one (a query is a pure function of its gid and the
   seed); the TITO file an interrupted attempt left (runs that had finished and flushed, a group not yet built)
-  is moved to tito/interrupted/ first (``set_aside``), so the re-issued runs' records are the file's only ones. ``rebuild`` turns a buffered group's TITO file back into the same training group (the batch is a pure
+  is moved to tito/interrupted/ first (``set_aside``), so the re-issued runs' records are the file's only ones.
+  ``rebuild`` turns a buffered group's TITO file back into the same training group (the batch is a pure
   function of the file and the config).
 """
 from __future__ import annotations
