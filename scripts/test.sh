@@ -37,8 +37,8 @@ fi
 # GYRE_TEST_OVERLAP=1 (opt-in, issue 14): a live run keeps about one of the two cores busy (start-ups, polling,
 # agents' tool sleeps, SLURM scheduling), so the SLURM tests run beside the mpirun-only tests, in two pytest
 # processes (the SLURM one's output follows when both are done); the timing-sensitive `serial` tests then run alone.
-# Back to back on the shared machine (load 7-10): test_live_training.py + test_live_data_loss.py 110 s one after
-# the other, 74 s side by side.
+# Not the default: what it saves on the whole suite is not measured yet (benchmarks/bench_test_cpu.py measures a
+# test command's wall and CPU seconds; one pair of modules on a loaded machine is no benchmark).
 log=$(mktemp)
 python -m pytest -m "slurm and not serial" --durations=25 >"$log" 2>&1 &
 slurm_pid=$!
