@@ -30,7 +30,7 @@ from test_local_cluster import OMPI_INIT_CRASH
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow,
               pytest.mark.timeout(1500)]
 
-STEPS = 3
+STEPS = 6  # the USR1 must land before the last step starts, however slowly SLURM delivers it
 CONFIG = "configs/local_4node.yaml"
 OVERRIDES = ["cluster.cells=2", f"allocator.steps={STEPS}", "scheduler.policy=async", "scheduler.async_train_cells=1",
              "scheduler.batch_groups=2", "agent.runs_per_group=2", "agent.turns=[1, 2]", "agent.timeout_s=120",
