@@ -14,6 +14,10 @@ Invariants (tests/unit/test_supervise.py, tests/integration/test_relaunch.py)
   (``error``: a cell's rank raised and mpirun tore the job down) when there is a resume state to continue from,
   saved by this segment (event ``lost_rank_saved``) or the one this segment started from when its rank 0 never
   got to resume (no ``resumed`` event), and only while fewer than ``run.max_relaunches`` relaunches were made.
+- An error (70) is relaunched only when its segment trained a step (a ``step`` event): an error before the
+  segment's first step is a start that fails (an engine that cannot load its model, a broken install), and a
+  relaunch from the same state would fail the same way, costing the user one more start each time. A lost rank
+  (69) is relaunched whenever it is (a killed rank is no property of the start).
 - Never after a preemption (exit 75, or a SIGTERM/SIGUSR1 the launcher received during the segment: the scheduler
   wants the job gone), a config or usage error (exit 2), a success or any other status; ``max_relaunches: 0``
   is the behaviour before this module (the launcher exits 69 or 70).
@@ -53,11 +57,14 @@ class Segment:
     resume_state: bool  # RUN_DIR/resume holds a state now
     resumed: bool  # its rank 0 logged ``resumed`` (it started from the earlier state and went on)
     preempted: bool  # the launcher got a preemption signal while it ran
+    stepped: bool = True  # it trained a step (a ``step`` event): asked only after an error (exit 70)
 
 
 def relaunch_reason(seg: Segment, done: int, max_relaunches: int) -> str | None:
     """Why ``seg`` is relaunched (``rank_lost``, ``error``), or None: it is not, after ``done`` relaunches."""
     if seg.preempted or seg.exit not in RELAUNCH_REASONS or done >= max_relaunches:
+        return None
+    if seg.exit == ERROR_EXIT and not seg.stepped:  # it failed while starting: a relaunch starts the same way
         return None
     if seg.saved or (seg.resume_state and not seg.resumed):
         return RELAUNCH_REASONS[seg.exit]
@@ -77,7 +84,7 @@ def segment(run_dir: Path, events_path: Path, code: int, before: int, preempted:
     """The outcome of the segment that wrote the events after the first ``before`` ones and ended with ``code``."""
     kinds = [e["event"] for e in events_of(events_path)[before:]]
     return Segment(exit=code, saved="lost_rank_saved" in kinds, resume_state=resume.exists(run_dir),
-                   resumed="resumed" in kinds, preempted=preempted)
+                   resumed="resumed" in kinds, preempted=preempted, stepped="step" in kinds)
 
 
 def record(events_path: Path, attempt: int, after_exit: int, reason: str, clock: Clock | None = None) -> None:

@@ -3,7 +3,7 @@ rollout cell on the CPU. Two steps with the core switching to training and back 
 servers by the one road (pull, then ``/update_weights_from_distributed``; the version ``/model_info`` shows at the
 end), per-token
 versions from SGLang's ``weight_versions`` spans, and no run lost. A server that cannot start fails the job before
-training with a message that names the cell and shows the tail of the server's log.
+training with a message that names the cell and shows the tail of the server's log, without a relaunch.
 
 The live job runs on the config's own model (the run writes RUN_DIR/model/init); the start-failure test gives a
 ``gyre model init`` directory without its weights as ``engine.model_path``.
@@ -92,7 +92,10 @@ def test_a_server_that_cannot_start_fails_the_job_naming_the_cell_with_its_log_t
     assert "Cannot find any model weights" in err  # the server log's tail, under the one line
     run_dir = next(tmp_path.glob("out/local_sglang-*"))
     assert not (run_dir / "summary.json").exists()
-    assert not [e for e in read_events(run_dir / "events.jsonl") if e["event"] == "step"]
+    events = read_events(run_dir / "events.jsonl")
+    assert not [e for e in events if e["event"] == "step"]
+    # a start that fails is not relaunched (live/supervise.py): one segment, one start per cell, not three
+    assert [e["event"] for e in events if e["event"] in ("start", "relaunched")] == ["start"]
 
 
 def _run_failing(tmp_path, overrides: list[str]):

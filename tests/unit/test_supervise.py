@@ -11,8 +11,9 @@ from gyre_hpc.live.supervise import Segment, relaunch_reason
 from gyre_hpc.resume import PREEMPTED_EXIT
 
 
-def seg(exit=69, saved=True, resume_state=True, resumed=False, preempted=False) -> Segment:
-    return Segment(exit=exit, saved=saved, resume_state=resume_state, resumed=resumed, preempted=preempted)
+def seg(exit=69, saved=True, resume_state=True, resumed=False, preempted=False, stepped=True) -> Segment:
+    return Segment(exit=exit, saved=saved, resume_state=resume_state, resumed=resumed, preempted=preempted,
+                   stepped=stepped)
 
 
 def test_a_lost_rank_with_its_resume_state_saved_is_relaunched_while_the_budget_lasts():
@@ -28,6 +29,12 @@ def test_zero_relaunches_is_the_old_behaviour():
 def test_an_error_is_relaunched_only_when_rank_0_saved_the_resume_state():
     assert relaunch_reason(seg(exit=70), 0, 2) == "error"
     assert relaunch_reason(seg(exit=70, saved=False, resume_state=False), 0, 2) is None
+
+
+def test_an_error_before_the_segments_first_step_is_not_relaunched_because_the_same_start_would_fail_again():
+    assert relaunch_reason(seg(exit=70, stepped=False), 0, 2) is None  # e.g. an engine that cannot load its model
+    assert relaunch_reason(seg(exit=70, stepped=True), 0, 2) == "error"
+    assert relaunch_reason(seg(exit=69, stepped=False), 0, 2) == "rank_lost"  # a killed rank is relaunched anyway
 
 
 @pytest.mark.parametrize("code", [0, 1, 2, 75, 137, 143])
@@ -51,6 +58,10 @@ def test_the_exit_statuses_agree_with_the_launchers():
     assert set(supervise.RELAUNCH_REASONS) == {RANK_LOST_EXIT, ERROR_EXIT}
 
 
+#: the scripted segments after which rank 0 saved a resume state (a lost rank: 69; an error: 70)
+SAVING = ("lost", "error at start", "error after a step")
+
+
 class SegmentsDouble:
     """Stands in for mpirun + ranks: each call plays the next scripted segment (its events, files, exit)."""
 
@@ -62,12 +73,14 @@ class SegmentsDouble:
         self.calls += 1
         with open(self.events, "a") as f:
             f.write(json.dumps({"t": float(self.calls), "event": "resumed" if self.calls > 1 else "started"}) + "\n")
-            if kind == "lost":
+            if kind == "error after a step":
+                f.write(json.dumps({"t": self.calls + 0.25, "event": "step"}) + "\n")
+            if kind in SAVING:
                 f.write(json.dumps({"t": self.calls + 0.5, "event": "lost_rank_saved"}) + "\n")
-        if kind == "lost":
+        if kind in SAVING:
             (self.run_dir / "resume").mkdir(exist_ok=True)
             (self.run_dir / "resume" / "state.json").write_text("{}")
-            return 69
+            return 69 if kind == "lost" else 70
         if kind == "preempted":
             return PREEMPTED_EXIT
         (self.run_dir / "summary.json").write_text(json.dumps({"steps": 4}))
@@ -111,6 +124,17 @@ def test_the_budget_ends_the_relaunches_with_the_lost_ranks_exit(tmp_path):
     assert (code, calls) == (69, 3)
     assert [e["attempt"] for e in relaunched] == [1, 2]
     assert [before for _, before in failures] == [0, 3, 6]  # each segment's own events (2, and 1 relaunched)
+
+
+def test_an_error_while_the_run_starts_ends_the_command_at_once_with_exit_70_and_no_relaunch(tmp_path):
+    code, calls, failures, relaunched = run(tmp_path, ["error at start", "done"])
+    assert (code, calls, failures, relaunched) == (70, 1, [(70, 0)], [])
+
+
+def test_an_error_after_a_step_is_relaunched_and_a_second_one_at_the_start_ends_the_relaunches(tmp_path):
+    code, calls, failures, relaunched = run(tmp_path, ["error after a step", "error at start", "done"])
+    assert (code, calls) == (70, 2)
+    assert [(e["attempt"], e["after_exit"], e["reason"]) for e in relaunched] == [(1, 70, "error")]
 
 
 def test_a_preempted_segment_is_returned_as_is(tmp_path):
