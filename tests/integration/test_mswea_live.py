@@ -37,3 +37,7 @@ def test_gyre_train_swe_mswea_runs_mini_swe_agent_for_two_steps(tmp_path):
         assert {c.run_id for c in log.calls} <= set(log.outcome) and log.outcomes
         assert all(c.call_id.startswith("oa") for c in log.calls)  # recorded by the OpenAI endpoint
         assert all("mini-swe-agent" in o.detail for o in log.outcomes), [o.detail for o in log.outcomes]
+    # runs end on mini-swe-agent's own exit (step_limit, format errors, submit), not on agent.timeout_s: with the
+    # engine's KV cache (configs/swe_local.yaml) a call takes seconds; without it every run here hit the timeout
+    details = [o.detail for log in logs for o in log.outcomes]
+    assert any("agent finished: mini-swe-agent" in d for d in details), details
