@@ -57,12 +57,13 @@ def prior_for(streaming: bool) -> float:
 
 
 def admission_window(state: SchedState, batch: int, target: float, gain: float, max_window: int,
-                     prior: float = PRIOR_FIXED_BATCHES, cap: float | None = None) -> int:
+                     prior: float = PRIOR_FIXED_BATCHES, cap: float | None = None, streaming: bool = False) -> int:
     """Admitted-but-untrained groups allowed now (see the module docstring); ``cap`` = ``staleness_max``."""
     measured = state.measured_lag  # token-weighted, as E[d] is reported (not the plain mean of batch means)
     if cap is not None and state.trained_batches and measured >= cap:
         return batch
-    error = state.trained_batches * (target - measured)
+    batches, fed = state.feedback_lag if streaming else (state.trained_batches, measured)
+    error = batches * (target - fed)
     window = batch * (1.0 + prior * target + gain * error)
     return int(min(max(round(window), batch), max_window))
 
