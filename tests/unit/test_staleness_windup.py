@@ -3,7 +3,7 @@
 The first optimizer step trains from version 0, so its lag is 0 whatever was admitted. The window's integral
 term counted it as a lag deficit of ``target`` and opened the window by ``gain * B * target`` before any
 feedback could arrive; the extra groups were trained 2-4 steps later, when the integral had not yet seen them,
-and a 6-step live gyre run ended 13-32% over its target (results/live_staleness_cause.md). A streaming window
+and a 6-step live gyre run ended 13-32% over its target (benchmarks/results/live_staleness_cause.md). A streaming window
 now reads ``SchedState.feedback_lag``: the batches admission could have made staler. Fixed-batch policies keep
 the on-policy batch in their feedback (their lags are a 0 / 1 / ... sawtooth of whole batches, whose first
 tooth it is). The hard cap ``staleness_max`` still reads the reported E[d], every batch included.
