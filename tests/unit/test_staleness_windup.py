@@ -84,8 +84,9 @@ def test_counters_rebuilt_from_step_records_match_the_live_state():
 
 
 def replayed(trace: str, target: float) -> float:
+    gain = SchedulerConfig().staleness_gain  # the default (the traces' config.yaml pins the 0.5 they ran with)
     result, _ = replay(TRACES / trace, what_if=False,
-                       overrides=[f"scheduler.staleness_target={target}", "scheduler.staleness_gain=0.75"])
+                       overrides=[f"scheduler.staleness_target={target}", f"scheduler.staleness_gain={gain}"])
     return result["predicted"]["gyre"]["staleness_mean"] / target - 1.0
 
 
