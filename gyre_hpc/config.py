@@ -450,7 +450,7 @@ class SchedulerConfig:
            "(one policy version each) before the training cells go back to rollout. Updates per step: train.epochs."
     )
     staleness_target: float = param(1.0, "E[d]: target mean per-token policy-version lag of trained tokens.")
-    staleness_gain: float = param(0.5, "Integral gain of the admission window (batches per unit of lag error).")
+    staleness_gain: float = param(0.75, "Integral gain of the admission window (batches per unit of lag error).")
     max_window_batches: float = param(8.0, "Admitted-but-untrained groups never exceed this many batches.")
     max_staleness: int | None = param(None, "Hard bound: tokens with a larger lag are masked from the loss.")
     staleness_max: float | None = param(

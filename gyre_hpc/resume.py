@@ -50,8 +50,8 @@ DIR, STATE, CHECKPOINT = "resume", "state.json", "checkpoint"
 #: SchedState fields saved and restored: the policy version, step count and the staleness bookkeeping
 SCHED_FIELDS = ("version", "steps_done", "trained_batches", "lag_sum", "admitted_queries")
 #: saved too and restored when present (a state written before they existed lacks them): the token-weighted
-#: staleness sums the admission window reads (``SchedState.measured_lag``)
-SCHED_TOKEN_FIELDS = ("lag_token_sum", "lag_tokens")
+#: staleness sums the admission window reads (``SchedState.measured_lag``, ``SchedState.feedback_lag``)
+SCHED_TOKEN_FIELDS = ("lag_token_sum", "lag_tokens", "onpolicy_batches", "onpolicy_tokens")
 BUFFER_KEYS = ("gid", "tito", "runs", "trained_tokens", "gen_versions")
 #: the files of rank r in a checkpoint directory (gyre_hpc.train.checkpoint writes them; no pickle with globals)
 RANK_FILES = ("rank{rank:03d}.safetensors", "rank{rank:03d}.state.pt")

@@ -77,7 +77,7 @@ class Policy:
         b = self.cfg.batch_groups
         return admission_window(state, b, self.cfg.staleness_target, self.cfg.staleness_gain,
                                 int(self.cfg.max_window_batches * b), prior_for(self.streaming),
-                                self.cfg.staleness_max)
+                                self.cfg.staleness_max, self.streaming)
 
     def _admit(self, state: SchedState, orders: list[Order]) -> list[Order]:
         room_groups = self.window(state) - (state.inflight_groups + state.ready_groups)

@@ -12,7 +12,13 @@ measured batch lags::
     window = clamp(B * (1 + prior * target + gain * n * (target - E[d])), B, max_window)
 
 with n the trained batches and E[d] the token-weighted mean lag of every token trained so far -- the quantity
-that is reported and held to the target -- so staler training shrinks the window and fresher grows it. The
+that is reported and held to the target -- so staler training shrinks the window and fresher grows it.
+A streaming policy leaves out the batches trained from version 0 (``SchedState.feedback_lag``): their lag is
+0 whatever was admitted (no older version exists), so counting them only winds the window up -- by
+``gain * B * target`` after the first step, groups that are trained 2-4 steps later, before the integral can
+see them; 6-step live gyre runs ended 13-32% over target that way (issue 13; benchmarks/results/live_staleness_cause.md).
+A fixed-batch policy keeps them: its lags are a sawtooth of whole batches (0, 1, ... then 0 again) whose first
+tooth is the on-policy batch, and its window moves only by whole batches. The
 plain mean of the n batch means (``sum_k lag_k / n``) is used only where no token counts were reported; it is
 not the same quantity: a streaming policy trains in completion order, so its first batches hold the short
 runs (few tokens, fresh) and its later ones the long runs (many tokens, stale), and the plain mean of batch
@@ -34,7 +40,8 @@ and the maximum. E[d] of a run is the token-weighted mean over all its steps.
 Invariants
 - ``admission_window`` is at least one batch (training can never starve) and at most ``max_window``.
 - The window's feedback and the ``staleness_max`` cap read the token-weighted E[d] (``SchedState.measured_lag``)
-  whenever token counts were reported, the same number ``LagLedger`` and the live summary report.
+  whenever token counts were reported, the same number ``LagLedger`` and the live summary report; a streaming
+  window's feedback leaves out the batches trained from version 0 (lag 0 by construction), the cap never does.
 - ``LagLedger`` never records a trained token with lag above ``max_staleness`` (those are counted as masked).
 - Per-token statistics weight every token equally; per-sample statistics weight every run equally.
 - ``comparable`` is symmetric; a benchmark marks a ratio whose two E[d] are not comparable as "not comparable".
@@ -57,12 +64,13 @@ def prior_for(streaming: bool) -> float:
 
 
 def admission_window(state: SchedState, batch: int, target: float, gain: float, max_window: int,
-                     prior: float = PRIOR_FIXED_BATCHES, cap: float | None = None) -> int:
+                     prior: float = PRIOR_FIXED_BATCHES, cap: float | None = None, streaming: bool = False) -> int:
     """Admitted-but-untrained groups allowed now (see the module docstring); ``cap`` = ``staleness_max``."""
     measured = state.measured_lag  # token-weighted, as E[d] is reported (not the plain mean of batch means)
     if cap is not None and state.trained_batches and measured >= cap:
         return batch
-    error = state.trained_batches * (target - measured)
+    batches, fed = state.feedback_lag if streaming else (state.trained_batches, measured)
+    error = batches * (target - fed)
     window = batch * (1.0 + prior * target + gain * error)
     return int(min(max(round(window), batch), max_window))
 

@@ -52,6 +52,8 @@ class SchedState:
     lag_sum: float = 0.0           # sum over trained batches of the batch's mean per-token lag
     lag_token_sum: float = 0.0     # sum over trained tokens of their lag (0 with lag_tokens 0: not reported)
     lag_tokens: float = 0.0        # trained tokens whose lag was reported
+    onpolicy_batches: int = 0      # trained batches from version 0: lag 0 by construction (no older version)
+    onpolicy_tokens: float = 0.0   # their reported tokens (their lag sum is 0)
     _ready_t: list[float] = field(default_factory=lambda: [0.0])   # monotone stack: since when ...
     _ready_c: list[int] = field(default_factory=lambda: [0])       # ... the count has been >= this
 
@@ -102,8 +104,12 @@ class SchedState:
         assert self.unfinished_runs == on_cells + self.parked_runs, (
             f"unfinished_runs {self.unfinished_runs} != {on_cells} on cells + {self.parked_runs} parked")
 
-    def record_batch_lag(self, mean_lag: float, tokens: float = 0.0) -> None:
-        """One trained batch: its mean per-token lag and how many tokens it trained (0: not reported)."""
+    def record_batch_lag(self, mean_lag: float, tokens: float = 0.0, onpolicy: bool = False) -> None:
+        """One trained batch: its mean per-token lag and how many tokens it trained (0: not reported);
+        ``onpolicy``: it was trained from version 0, so its lag is 0 whatever was admitted."""
+        if onpolicy:
+            self.onpolicy_batches += 1
+            self.onpolicy_tokens += tokens
         self.trained_batches += 1
         self.lag_sum += mean_lag
         self.lag_token_sum += mean_lag * tokens
@@ -116,3 +122,15 @@ class SchedState:
         if self.lag_tokens > 0:
             return self.lag_token_sum / self.lag_tokens
         return self.lag_sum / self.trained_batches if self.trained_batches else 0.0
+
+    @property
+    def feedback_lag(self) -> tuple[int, float]:
+        """(batches, E[d]) of the batches admission could have made staler: every trained batch but those
+        trained from version 0 (on-policy by construction), token-weighted as ``measured_lag``."""
+        batches = self.trained_batches - self.onpolicy_batches
+        if batches <= 0:
+            return 0, 0.0
+        tokens = self.lag_tokens - self.onpolicy_tokens
+        if self.lag_tokens > 0:
+            return batches, self.lag_token_sum / tokens if tokens > 0 else 0.0
+        return batches, self.lag_sum / batches

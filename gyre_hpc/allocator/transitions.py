@@ -76,11 +76,12 @@ def step_done(state: SchedState, batch_groups: int, mean_lag: float, now: float,
     if state.ready_groups < batch_groups:
         raise SchedulingError(f"an optimizer step needs {batch_groups} ready groups, {state.ready_groups} are")
     state.optimizing = False
+    onpolicy = state.version == 0  # trained from version 0: no token can be older, its lag is 0
     state.version += 1
     state.steps_done += 1
     state.burst_steps += 1
     state.step_groups = max(0, state.step_groups - batch_groups)
-    state.record_batch_lag(mean_lag, lag_tokens)
+    state.record_batch_lag(mean_lag, lag_tokens, onpolicy)
     state.set_ready(state.ready_groups - batch_groups, now)
 
 

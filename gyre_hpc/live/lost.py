@@ -130,7 +130,8 @@ def sched_from_steps(steps: list[dict], sched: dict) -> dict:
     lags = [(max(0.0, float(s["staleness_mean"])), float(s.get("lag_tokens", 0))) for s in steps]
     return {**sched, "version": len(steps), "steps_done": len(steps), "trained_batches": len(steps),
             "lag_sum": sum(lag for lag, _ in lags), "lag_token_sum": sum(lag * n for lag, n in lags),
-            "lag_tokens": sum(n for _, n in lags)}
+            "lag_tokens": sum(n for _, n in lags), "onpolicy_batches": int(bool(lags)),  # step 1: from version 0
+            "onpolicy_tokens": lags[0][1] if lags else 0.0}
 
 
 def save(run_dir: Path, state: dict) -> Path:

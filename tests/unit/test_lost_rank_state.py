@@ -56,7 +56,8 @@ def test_counters_rebuilt_from_the_step_records_pass_the_resume_check(tmp_path):
     state = state_at(2, [0.5, -0.25], sched_version=1)  # the control plane had applied one step of two
     state["sched"] = lost.sched_from_steps(state["steps"], state["sched"])
     assert state["sched"] == {"version": 2, "steps_done": 2, "trained_batches": 2, "lag_sum": 0.5,
-                              "lag_token_sum": 0.0, "lag_tokens": 0.0, "admitted_queries": 11}
+                              "lag_token_sum": 0.0, "lag_tokens": 0.0, "admitted_queries": 11,
+                              "onpolicy_batches": 1, "onpolicy_tokens": 0.0}
     lost.save(tmp_path, state)
     got = resume.load(tmp_path)
     assert got["inflight"] == [9, 10] and got["buffer"][0]["ready_version"] == 2
