@@ -43,13 +43,14 @@ import signal
 from pathlib import Path
 from typing import Callable
 
-from gyre_hpc import resume
+from gyre_hpc import preempt_request, resume
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.allocator.batches import FixedBatches
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-#: the file ``gyre train`` writes into RUN_DIR when it is preempted (its content: the signal's name)
-REQUEST_FILE = "preempt.request"
+#: the file ``gyre train`` (or the sbatch script) writes into RUN_DIR when it is preempted (its content: the
+#: signal's name); its one home is gyre_hpc.preempt_request
+REQUEST_FILE = preempt_request.REQUEST_FILE
 POLL_S = 0.25
 #: seconds rank 0 waits for the step already out (its gradients, the optimizer, the STEPPED record)
 PENDING_STEP_TIMEOUT_S = 120.0
