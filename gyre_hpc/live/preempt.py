@@ -4,7 +4,9 @@
 
     SIGTERM / SIGUSR1 on a rank     (srun and scancel signal the step), or RUN_DIR/preempt.request (written by
                                     ``gyre train`` when it gets the signal: rank 0 polls it, no rank is signalled,
-                                    so a rank still starting up cannot die of it)
+                                    so a rank still starting up cannot die of it; the sbatch script writes it too,
+                                    before it forwards the signal: there rank 0's SIGTERM without it is srun's
+                                    teardown, live/lost.py ``SrunTeardown``)
       rank 0:  Rollouts.close (no group starts or becomes ready) · Hub.freeze (no group goes out) · no more
                decisions · wait until no step is pending and the allocator applied the core's last step
                · write RUN_DIR/resume (gyre_hpc.resume) · event ``preempted`` · Shutdown("preempted: SIG") to the cells
