@@ -4,7 +4,8 @@ configs/local_4node.yaml with 2 cells (1 + 2 ranks over pmix on 2 emulated nodes
 - ``scancel --signal=USR1 --batch JOBID`` (what ``#SBATCH --signal=B:USR1@60`` does before the time limit): the
   batch shell forwards USR1 to the step, the ranks save RUN_DIR/resume and exit 75, the script requeues its own
   job; the same job id runs again on the same RUN_DIR, resumes and finishes COMPLETED with every step.
-- plain ``scancel JOBID``: a cancel, never a requeue. The job ends CANCELLED; the ranks get SLURM's SIGTERM and
+- plain ``scancel JOBID``: a cancel, never a requeue. The job ends CANCELLED; the ranks get SLURM's SIGTERM (rank 0
+  a preemption, not srun's teardown after a lost rank: the batch shell's trap writes RUN_DIR/preempt.request) and
   save a resume state if the step in progress ends within KillWait (5 s on the local cluster), which
   ``gyre train CONFIG --resume RUN_DIR`` continues by hand (docs/slurm.md, Preemption and requeue).
 
@@ -126,6 +127,8 @@ def test_plain_scancel_cancels_without_requeue_and_any_resume_state_it_saved_is_
     latest = json.loads((run_dir / "checkpoints" / "latest" / "meta.json").read_text())["version"]
     assert latest >= 1
     events = (run_dir / "events.jsonl").read_text()
+    # the batch shell's TERM trap wrote RUN_DIR/preempt.request before forwarding: never taken for a lost rank
+    assert '"event": "lost_rank_saved"' not in events
     if resume.exists(run_dir):  # saved within KillWait: resumable by hand, at the checkpoint's version
         saved = resume.load(run_dir)
         assert 1 <= saved["sched"]["steps_done"] == saved["version"] <= latest
