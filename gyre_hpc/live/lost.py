@@ -30,7 +30,8 @@ job fails with 69.
     asks ``gyre_hpc.slurm.relaunch``, which relaunches a step with ``lost_rank_saved`` and no ``preempted`` event.
 
 Invariants (tests/integration/test_preempt_edges.py::test_sigkill_of_a_rollout_cells_rank_exits_69_with_a_resume_state_that_finishes,
-tests/unit/test_srun_teardown.py, tests/integration/test_slurm_live.py::test_a_killed_cell_rank_is_srun_again_in_the_allocation_and_the_job_completes)
+tests/unit/test_srun_teardown.py,
+tests/integration/test_slurm_live.py::test_a_killed_cell_rank_is_srun_again_in_the_allocation_and_the_job_completes)
 - The saved state passes ``gyre_hpc.resume.load``: its checkpoint holds its version, the step records and the
   SchedState counters agree.
 - No buffered group was trained in that checkpoint (the groups of an unfinished step are buffered again).
