@@ -105,12 +105,20 @@ class Teardown:
 class SrunTeardown(Teardown):
     """Rank 0 under the sbatch script: a SIGTERM is srun's teardown (``--kill-on-bad-exit``: a rank of the step
     ended) unless it is a preemption: ``preemption`` was requested already (SIGUSR1, the request file), or the
-    batch script's ``request`` file exists or appears within ``grace_s`` of the signal. Decided once."""
+    batch script's ``request`` file exists or appears within ``grace_s`` of the signal. Decided once. Either way
+    the harness closes at the signal (``preemption.on_signal``: no group starts or joins the buffer), as both
+    paths need: srun's SIGTERM reaches every process of the step, the proxy and the engines too."""
 
     def __init__(self, preemption, request: Path, clock: Clock | None = None, grace_s: float = REQUEST_GRACE_S):
         super().__init__(clock)
         self.preemption, self.request, self.grace_s = preemption, Path(request), grace_s
         self.decided: bool | None = None  # True: srun's teardown; False: a preemption
+
+    def _handler(self, signum, frame) -> None:
+        first = self.signal is None
+        super()._handler(signum, frame)
+        if first:
+            self.preemption.on_signal()
 
     def adopt(self, preemption) -> "SrunTeardown":
         """Take over a SIGTERM ``preemption`` noted while the rank started (before this handler was installed) and

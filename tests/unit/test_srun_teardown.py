@@ -25,6 +25,16 @@ def sigterm(teardown):
     teardown._handler(signal.SIGTERM, None)  # what the installed handler runs
 
 
+def test_the_harness_closes_at_the_sigterm_before_it_is_decided(tmp_path):
+    clock = ManualClock()
+    closed = []
+    teardown, preemption = teardown_at(tmp_path, clock)
+    preemption.on_signal = lambda: closed.append(clock.now())  # run_root sets it to Rollouts.close
+    sigterm(teardown)
+    sigterm(teardown)
+    assert closed == [0.0] and not teardown.requested and not preemption.requested
+
+
 def test_a_sigterm_with_no_request_is_srun_teardown_once_the_grace_has_passed(tmp_path):
     clock = ManualClock()
     teardown, preemption = teardown_at(tmp_path, clock)
