@@ -120,12 +120,16 @@ class SrunTeardown(Teardown):
         if first:
             self.preemption.on_signal()
 
-    def adopt(self, preemption) -> "SrunTeardown":
-        """Take over a SIGTERM ``preemption`` noted while the rank started (before this handler was installed) and
-        the request file does not explain: it is decided by the same rule, from the moment it came."""
-        if preemption.signal == "SIGTERM" and not self.request.exists():
-            self.signal, self.at = preemption.signal, preemption.at
-            preemption.signal = preemption.at = None
+    def adopt(self) -> "SrunTeardown":
+        """Take over a SIGTERM the preemption noted while the rank started (before this handler was installed) and
+        the request file does not explain: it is decided by the same rule, from the moment it came (on this
+        teardown's clock)."""
+        p = self.preemption
+        if p.signal == "SIGTERM" and p.at is not None and not self.request.exists():
+            ago = p.clock.now() - p.at
+            if self.signal is None or self.since_s() < ago:
+                self.signal, self.at = p.signal, self.clock.now() - ago
+            p.signal = p.at = None
         return self
 
     @property

@@ -216,7 +216,7 @@ def _teardown(run_dir: Path, preemption):
     if os.environ.get(LAUNCHED_ENV):
         return lost.Teardown().install()
     if os.environ.get(SBATCH_ENV):
-        return lost.SrunTeardown(preemption, run_dir / REQUEST_FILE).install().adopt(preemption)
+        return lost.SrunTeardown(preemption, run_dir / REQUEST_FILE).install().adopt()
     return None
 
 

@@ -81,12 +81,15 @@ def test_a_decided_teardown_stays_one_when_a_request_comes_late(tmp_path):
 
 
 def test_a_sigterm_noted_while_rank_0_started_is_decided_by_the_same_rule_from_when_it_came(tmp_path):
-    clock = ManualClock()
-    early = Preemption(clock=clock)
+    early_clock, clock = ManualClock(100.0), ManualClock(7.0)  # two clocks, two origins (WallClock: its creation)
+    early = Preemption(clock=early_clock)
     early.request("SIGTERM")  # early_preemption's handler, before MPI_Init
-    clock.advance(lost.REQUEST_GRACE_S)  # start-up took longer than the grace
-    teardown = lost.SrunTeardown(early, tmp_path / REQUEST_FILE, clock=clock).adopt(early)
-    assert not early.requested and (teardown.signal, teardown.at) == ("SIGTERM", 0.0)
+    early_clock.advance(lost.REQUEST_GRACE_S / 2)
+    teardown = lost.SrunTeardown(early, tmp_path / REQUEST_FILE, clock=clock).adopt()
+    assert not early.requested and teardown.signal == "SIGTERM"
+    assert teardown.since_s() == pytest.approx(lost.REQUEST_GRACE_S / 2)
+    assert not teardown.requested
+    clock.advance(lost.REQUEST_GRACE_S / 2)  # the grace counts from the signal, not from the adoption
     assert teardown.requested
 
 
@@ -95,7 +98,7 @@ def test_a_start_up_sigterm_the_request_file_explains_stays_a_preemption(tmp_pat
     (tmp_path / REQUEST_FILE).write_text("SIGTERM\n")
     early = Preemption(clock=clock)
     early.request("SIGTERM")
-    teardown = lost.SrunTeardown(early, tmp_path / REQUEST_FILE, clock=clock).adopt(early)
+    teardown = lost.SrunTeardown(early, tmp_path / REQUEST_FILE, clock=clock).adopt()
     clock.advance(10 * lost.REQUEST_GRACE_S)
     assert early.signal == "SIGTERM" and not teardown.requested
 
