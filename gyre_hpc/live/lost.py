@@ -26,8 +26,9 @@ job fails with 69.
       event ``lost_rank_saved``; rank 0 exits ``RANK_LOST_EXIT`` at once (MPI_Finalize would wait for the dead)
     ``gyre train`` appends ``rank_lost`` (with the resume path) and exits 69; ``--resume RUN_DIR`` continues.
 
-    srun reports the step's status (rank 0's 69, or 137 for the SIGKILLed rank: the highest); the sbatch script
-    asks ``gyre_hpc.slurm.relaunch``, which relaunches a step with ``lost_rank_saved`` and no ``preempted`` event.
+    srun reports the step's status: 137, the SIGKILLed rank's (measured on the local cluster; rank 0's 69 is in
+    the job's .err as "task 0: Exited with exit code 69"); the sbatch script asks ``gyre_hpc.slurm.relaunch``,
+    which relaunches a step with ``lost_rank_saved`` and no ``preempted`` event.
 
 Invariants (tests/integration/test_preempt_edges.py::test_sigkill_of_a_rollout_cells_rank_exits_69_with_a_resume_state_that_finishes,
 tests/unit/test_srun_teardown.py,

@@ -13,7 +13,7 @@ How a lost rank looks from here: srun's ``--kill-on-bad-exit`` ends the step wit
 The script exports ``GYRE_SBATCH_LAUNCHED`` and its traps write RUN_DIR/preempt.request before they forward a
 signal, so rank 0 tells the teardown from a preemption as under ``gyre train`` (``live.lost.SrunTeardown``): it
 saves the resume state, logs ``lost_rank_saved`` (no ``preempted``) and exits 69; srun reports a non-zero status
-(the highest of its tasks': 69, or 137 for the SIGKILLed rank).
+(137, the SIGKILLed rank's, on the local cluster; rank 0's 69 shows in .err), which this rule does not read.
 
 Invariants (tests/unit/test_slurm_relaunch.py)
 - A step is a lost rank only if it ended non-zero and logged ``lost_rank_saved`` and no ``preempted`` event
