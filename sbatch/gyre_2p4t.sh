@@ -42,13 +42,20 @@ fi
 RANK_NODES="${NODES[0]}"
 for ((k = 0; k < 4; k++)); do RANK_NODES+=",${NODES[k * 48]}"; done
 
+# --- this shell is the ranks' launcher: a signal to it is a preemption (or a cancel), written to
+#     $RUN_DIR/preempt.request BEFORE it is forwarded to the step; rank 0 takes a SIGTERM that comes without
+#     it for srun's teardown after a lost rank (gyre_hpc.live.lost.SrunTeardown)
+export GYRE_SBATCH_LAUNCHED=1
 STEP=''; CANCELLED=0; SIGNALLED=0; RELAUNCHES=0
-trap 'SIGNALLED=1; kill -s USR1 $STEP 2>/dev/null || true' USR1
+preempt_request() { { echo "SIG$1" > "$RUN_DIR/preempt.request.tmp" && mv -f "$RUN_DIR/preempt.request.tmp" "$RUN_DIR/preempt.request"; } 2>/dev/null || true; }
+trap 'SIGNALLED=1; preempt_request USR1; kill -s USR1 $STEP 2>/dev/null || true' USR1
 # SIGTERM to this shell: scancel JOBID (a cancel), or SLURM preempting/requeueing the job itself
-trap 'CANCELLED=1; SIGNALLED=1; kill -s TERM $STEP 2>/dev/null || true' TERM
+trap 'CANCELLED=1; SIGNALLED=1; preempt_request TERM; kill -s TERM $STEP 2>/dev/null || true' TERM
 while true; do
 # --- one srun: the allocator + 4 cell leaders as one pmix world; a rank that dies ends the step
-#     (--kill-on-bad-exit) so a failure ends the job instead of hanging it
+#     (--kill-on-bad-exit) so a failure ends the job instead of hanging it; a request of an earlier step
+#     or job was served (one that came before this srun is kept: the ranks see it at start)
+(( SIGNALLED )) || rm -f "$RUN_DIR/preempt.request"
 touch "$RUN_DIR/.step-start"
 srun --ntasks=5 --distribution=arbitrary --nodelist="$RANK_NODES" --overlap --overcommit --mpi=pmix --kill-on-bad-exit=1 \
   python3 -m gyre_hpc.cli train configs/gyre_2p4t.yaml --run-dir "$RUN_DIR" "$@" &
@@ -56,9 +63,10 @@ STEP=$!
 # wait returns early when a trapped signal arrives: keep waiting until the step has ended
 while kill -0 "$STEP" 2>/dev/null; do wait "$STEP" || true; done
 RC=0; wait "$STEP" || RC=$?
-# --- a rank lost (the step ended with a resume state nobody asked for): srun again in this allocation, at
-#     most 2 times (run.max_relaunches); the ranks resume from RUN_DIR (gyre_hpc.slurm.relaunch)
-if (( RC != 0 && ! SIGNALLED && RELAUNCHES < 2 )) && python3 -m gyre_hpc.slurm.relaunch --run-dir "$RUN_DIR" --exit "$RC" --done "$RELAUNCHES" --max 2 --preempt-signal SIGUSR1 --events events.jsonl; then
+# --- a rank lost (rank 0 saved its state after srun's teardown: event lost_rank_saved): srun again in
+#     this allocation, at most 2 times (run.max_relaunches); the ranks resume from RUN_DIR
+#     (gyre_hpc.slurm.relaunch)
+if (( RC != 0 && ! SIGNALLED && RELAUNCHES < 2 )) && python3 -m gyre_hpc.slurm.relaunch --run-dir "$RUN_DIR" --exit "$RC" --done "$RELAUNCHES" --max 2 --events events.jsonl; then
   RELAUNCHES=$(( RELAUNCHES + 1 ))
   if (( ! SIGNALLED )); then continue; fi
 fi

@@ -4,7 +4,9 @@
 
     SIGTERM / SIGUSR1 on a rank     (srun and scancel signal the step), or RUN_DIR/preempt.request (written by
                                     ``gyre train`` when it gets the signal: rank 0 polls it, no rank is signalled,
-                                    so a rank still starting up cannot die of it)
+                                    so a rank still starting up cannot die of it; the sbatch script writes it too,
+                                    before it forwards the signal: there rank 0's SIGTERM without it is srun's
+                                    teardown, live/lost.py ``SrunTeardown``)
       rank 0:  Rollouts.close (no group starts or becomes ready) · Hub.freeze (no group goes out) · no more
                decisions · wait until no step is pending and the allocator applied the core's last step
                · write RUN_DIR/resume (gyre_hpc.resume) · event ``preempted`` · Shutdown("preempted: SIG") to the cells
@@ -43,13 +45,14 @@ import signal
 from pathlib import Path
 from typing import Callable
 
-from gyre_hpc import resume
+from gyre_hpc import preempt_request, resume
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.allocator.batches import FixedBatches
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-#: the file ``gyre train`` writes into RUN_DIR when it is preempted (its content: the signal's name)
-REQUEST_FILE = "preempt.request"
+#: the file ``gyre train`` (or the sbatch script) writes into RUN_DIR when it is preempted (its content: the
+#: signal's name); its one home is gyre_hpc.preempt_request
+REQUEST_FILE = preempt_request.REQUEST_FILE
 POLL_S = 0.25
 #: seconds rank 0 waits for the step already out (its gradients, the optimizer, the STEPPED record)
 PENDING_STEP_TIMEOUT_S = 120.0

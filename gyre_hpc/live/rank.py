@@ -11,6 +11,10 @@ Invariants
 - The preemption signals are caught from the first moment (``early_preemption``, before the config, the heavy
   imports and MPI_Init); a rank ``gyre train`` launched (``LAUNCHED_ENV``) learns of a preemption from
   RUN_DIR/preempt.request only, and leaves the signals their default action.
+- Under the sbatch script (``SBATCH_ENV``) the ranks watch RUN_DIR/preempt.request too, and rank 0 takes a SIGTERM
+  for srun's teardown after a lost rank (exit 69, ``lost_rank_saved``) unless the script's request file comes
+  within ``lost.REQUEST_GRACE_S`` (``lost.SrunTeardown``); SIGUSR1 stays a preemption. Ranks srun started without
+  the script (by hand, submitit) take both signals for a preemption.
 - Everything a rank checks (run directory, resume config, resume files) is checked before MPI starts, alike on
   every rank, so a bad start fails every rank the same way instead of hanging a collective.
 - A rank that raises ends the whole MPI world (MPI_Abort) after writing RUN_DIR/errors/rankN.txt: no hang.
@@ -34,6 +38,7 @@ import yaml
 from gyre_hpc.config import GyreConfig, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
 from gyre_hpc.live.launch import LAUNCHED_ENV
+from gyre_hpc.preempt_request import SBATCH_ENV
 from gyre_hpc.resume import PREEMPTED_EXIT
 
 
@@ -88,7 +93,7 @@ def run_rank(cfg: GyreConfig, args: argparse.Namespace, preemption=None) -> int:
     from gyre_hpc.models import run_init
 
     loaded, cfg = cfg, run_init.for_run(cfg, run_dir)  # the initial model the launcher (or rank 0 below) wrote
-    if os.environ.get(LAUNCHED_ENV):
+    if os.environ.get(LAUNCHED_ENV) or os.environ.get(SBATCH_ENV):  # a launcher writes the request file
         preemption.watch(run_dir / REQUEST_FILE)
     check_resume_config(cfg, run_dir)  # every rank alike, before MPI starts
     _check_resume_files(run_dir)
@@ -174,9 +179,7 @@ def _role(cfg: GyreConfig, args: argparse.Namespace, run_dir: Path, transport, c
         from gyre_hpc.live import lost
         from gyre_hpc.live.root import run_root
 
-        # under gyre train a SIGTERM on rank 0 is mpirun tearing the job down (a rank died): save, exit 69
-        teardown = lost.Teardown().install() if os.environ.get(LAUNCHED_ENV) else None
-        out = run_root(cfg, run_dir, transport, comm, preemption, teardown)
+        out = run_root(cfg, run_dir, transport, comm, preemption, _teardown(run_dir, preemption))
         if out.get("rank_lost"):
             print(f"gyre train: rank 0: {out['rank_lost']}; resume state: {out.get('saved') or out.get('error')}",
                   file=sys.stderr, flush=True)
@@ -200,6 +203,21 @@ def _role(cfg: GyreConfig, args: argparse.Namespace, run_dir: Path, transport, c
         runner.run()
         preempted = runner.preempted
     return PREEMPTED_EXIT if preempted else 0
+
+
+def _teardown(run_dir: Path, preemption):
+    """Rank 0's SIGTERM handler where a launcher writes RUN_DIR/preempt.request (gyre_hpc.live.lost): under
+    ``gyre train`` a SIGTERM is mpirun tearing the job down (a rank died); under the sbatch script it is srun's
+    teardown unless the script's request comes within the grace. Elsewhere (srun by hand, submitit) None: the
+    SIGTERM stays a preemption (``early_preemption``)."""
+    from gyre_hpc.live import lost
+    from gyre_hpc.live.preempt import REQUEST_FILE
+
+    if os.environ.get(LAUNCHED_ENV):
+        return lost.Teardown().install()
+    if os.environ.get(SBATCH_ENV):
+        return lost.SrunTeardown(preemption, run_dir / REQUEST_FILE).install().adopt()
+    return None
 
 
 def _traceback_on_signal(path: Path) -> None:

@@ -9,16 +9,22 @@ script is the launcher, and it asks this module, with the same rule as ``gyre tr
                exit 0: relaunched (event ``relaunched``): srun again, the ranks resume from RUN_DIR/resume
                exit 1: not: the script goes on (requeue on a preemption, else it exits RC)
 
-How a lost rank looks from here: srun's ``--kill-on-bad-exit`` ends the step with SIGTERM to the other ranks;
-a rank under srun cannot tell that from a preemption, so rank 0 saves the resume state and logs ``preempted``
-with ``SIGTERM``, and the step ends non-zero (75, 143 or the dead rank's status).
+How a lost rank looks from here: srun's ``--kill-on-bad-exit`` ends the step with SIGTERM to the other ranks.
+The script exports ``GYRE_SBATCH_LAUNCHED`` and its traps write RUN_DIR/preempt.request before they forward a
+signal, so rank 0 tells the teardown from a preemption as under ``gyre train`` (``live.lost.SrunTeardown``): it
+saves the resume state, logs ``lost_rank_saved`` (no ``preempted``) and exits 69; srun reports a non-zero status
+(137, the SIGKILLed rank's, on the local cluster; rank 0's 69 shows in .err), which this rule does not read.
 
 Invariants (tests/unit/test_slurm_relaunch.py)
-- A step is a lost rank only if it ended non-zero with a resume state written during it (newer than
-  RUN_DIR/.step-start), the batch shell was not signalled (the script never calls this then) and no
-  ``preempted`` event of the step names the preemption signal (``scancel --signal=USR1`` to the steps): only
-  then ``live.supervise.relaunch_reason`` is asked, as for exit 69 with the state saved, within ``--max``.
+- A step is a lost rank only if it ended non-zero and logged ``lost_rank_saved`` and no ``preempted`` event
+  (events with ``wall`` at or after RUN_DIR/.step-start's mtime), and the batch shell was not signalled (the
+  script never calls this then): only then ``live.supervise.relaunch_reason`` is asked, as for exit 69 with the
+  state saved, within ``--max``.
 - A relaunch appends one ``relaunched`` event (``after_exit``: srun's status); this module starts nothing.
+- Ranks srun started without the batch script (by hand, or a script rendered before it exported
+  ``GYRE_SBATCH_LAUNCHED``) take the teardown's SIGTERM for a preemption: their step logs ``preempted SIGTERM``,
+  never ``lost_rank_saved``, so it is never relaunched here; the resume state it saved is requeued by the script
+  (or continued by hand with ``gyre train CONFIG --resume RUN_DIR``), as for a preemption.
 """
 from __future__ import annotations
 
@@ -34,16 +40,15 @@ from gyre_hpc.live.lost import RANK_LOST_EXIT
 STEP_START = ".step-start"
 
 
-def step_outcome(run_dir: Path, events_path: Path, code: int, preempt_signal: str) -> supervise.Segment:
-    """How the step that started at RUN_DIR/.step-start ended, in ``live.supervise``'s terms."""
+def step_outcome(run_dir: Path, events_path: Path, code: int) -> supervise.Segment:
+    """How the step that started at RUN_DIR/.step-start ended, in ``live.supervise``'s terms: rank 0's own
+    events of the step say whether it lost a rank (``lost_rank_saved``) or was preempted (``preempted``)."""
     start = (run_dir / STEP_START).stat().st_mtime if (run_dir / STEP_START).is_file() else 0.0
-    state = resume.resume_dir(run_dir) / resume.STATE
-    fresh = state.is_file() and state.stat().st_mtime > start
-    step = [e for e in supervise.events_of(events_path) if float(e.get("wall", 0.0)) >= start]
-    preempted = any(e["event"] == "preempted" and e.get("signal") == preempt_signal for e in step)
-    lost = code != 0 and fresh and not preempted
-    return supervise.Segment(exit=RANK_LOST_EXIT if lost else code, saved=fresh, resume_state=resume.exists(run_dir),
-                             resumed=False, preempted=preempted)
+    kinds = {e["event"] for e in supervise.events_of(events_path) if float(e.get("wall", 0.0)) >= start}
+    saved, preempted = "lost_rank_saved" in kinds, "preempted" in kinds
+    lost = code != 0 and saved and not preempted
+    return supervise.Segment(exit=RANK_LOST_EXIT if lost else code, saved=saved, resume_state=resume.exists(run_dir),
+                             resumed="resumed" in kinds, preempted=preempted)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,12 +57,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--exit", type=int, required=True, help="srun's exit status")
     p.add_argument("--done", type=int, required=True, help="relaunches this job already made")
     p.add_argument("--max", type=int, required=True, help="run.max_relaunches")
-    p.add_argument("--preempt-signal", default="SIGUSR1", help="the preemption signal's name (slurm.signal)")
+    p.add_argument("--preempt-signal", help="ignored: passed by scripts rendered before the ranks logged "
+                   "lost_rank_saved under srun (a requeued job runs the script it was submitted with)")
     p.add_argument("--events", default="events.jsonl", help="allocator.events_file")
     args = p.parse_args(argv)
     run_dir = Path(args.run_dir)
     events_path = run_dir / args.events
-    seg = step_outcome(run_dir, events_path, args.exit, args.preempt_signal)
+    seg = step_outcome(run_dir, events_path, args.exit)
     reason = supervise.relaunch_reason(seg, args.done, args.max)
     if reason is None:
         return 1

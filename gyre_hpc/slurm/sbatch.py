@@ -9,11 +9,15 @@ What the script does on the cluster (docs/slurm.md)::
     srun ... &               ONE pmix world of 1 + K ranks (Layout.control_srun_args) running
                              `python -m gyre_hpc.cli train CONFIG --run-dir RUN_DIR "$@"`; no Ray, MPI is the
                              rendezvous; the script's arguments go to gyre train (``sbatch SCRIPT --set a.b=c``)
-    trap SIG/TERM            the batch shell forwards the preemption signal (#SBATCH --signal=B:SIG@s) to the step;
-                             a SIGTERM to the shell (scancel JOBID) is forwarded too and marks the job CANCELLED
-    a rank lost              the step ended with a resume state this shell did not ask for (srun's
-                             --kill-on-bad-exit): srun again in the same allocation, at most run.max_relaunches
-                             times (gyre_hpc.slurm.relaunch, the rule of gyre train's supervisor); the ranks resume
+    trap SIG/TERM            the batch shell is the ranks' launcher (it exports GYRE_SBATCH_LAUNCHED): it writes
+                             RUN_DIR/preempt.request (the signal's name, as gyre train does), THEN forwards the
+                             preemption signal (#SBATCH --signal=B:SIG@s) to the step; a SIGTERM to the shell
+                             (scancel JOBID) is written and forwarded too and marks the job CANCELLED
+    a rank lost              srun's --kill-on-bad-exit SIGTERMs the other ranks; with no request file rank 0 takes
+                             it for the teardown (gyre_hpc.live.lost.SrunTeardown): event lost_rank_saved, exit 69;
+                             the script, not signalled, sruns the step again in the same allocation, at most
+                             run.max_relaunches times (gyre_hpc.slurm.relaunch, the rule of gyre train's
+                             supervisor); the ranks resume
     exit 75 (preempted)      the ranks saved RUN_DIR/resume: `scontrol requeue` the job (slurm.requeue, at most
                              slurm.max_requeues times); the same job id gives the same RUN_DIR, so it resumes
 
@@ -30,6 +34,9 @@ Invariants
   step's status otherwise.
 - The script sruns the step again (same allocation) only when ``python -m gyre_hpc.slurm.relaunch`` says so:
   never after a signal to the batch shell, at most ``run.max_relaunches`` times (0: never asked).
+- Every trap of the batch shell writes RUN_DIR/preempt.request whole (a temporary file, then ``mv``) before its
+  ``kill`` forwards the signal to the step; a request left by an earlier step or job is removed before each srun
+  unless this shell was signalled (tests/unit/test_sbatch_request.py).
 - The checked-in scripts in sbatch/ equal ``render_sbatch`` of their configs (``python -m gyre_hpc.slurm.sbatch
   --write`` regenerates them; tests/unit/test_sbatch.py checks).
 """
@@ -43,6 +50,7 @@ from typing import Sequence
 
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.openmpi import LOCAL_EXPORTS
+from gyre_hpc.preempt_request import REQUEST_FILE, SBATCH_ENV
 from gyre_hpc.resume import PREEMPTED_EXIT
 from gyre_hpc.slurm.layout import local_nodes, plan
 from gyre_hpc.slurm_options import parse_signal
@@ -137,14 +145,23 @@ def _launch(cfg: GyreConfig, layout, config_path: str, overrides: Sequence[str])
         f'  echo "gyre: the job has ${{#NODES[@]}} nodes, the layout needs {node_count(cfg)}" >&2; exit 2', "fi",
         'RANK_NODES="${NODES[0]}"',
         f'for ((k = 0; k < {c.cells}; k++)); do RANK_NODES+=",${{NODES[k * {c.nodes_per_cell}]}}"; done',
-        "", "STEP=''; CANCELLED=0; SIGNALLED=0; RELAUNCHES=0",
-        f"trap 'SIGNALLED=1; kill -s {sig} $STEP 2>/dev/null || true' {sig}",
+        "", "# --- this shell is the ranks' launcher: a signal to it is a preemption (or a cancel), written to",
+        f"#     $RUN_DIR/{REQUEST_FILE} BEFORE it is forwarded to the step; rank 0 takes a SIGTERM that comes without",
+        "#     it for srun's teardown after a lost rank (gyre_hpc.live.lost.SrunTeardown)",
+        f"export {SBATCH_ENV}=1",
+        "STEP=''; CANCELLED=0; SIGNALLED=0; RELAUNCHES=0",
+        f'preempt_request() {{ {{ echo "SIG$1" > "$RUN_DIR/{REQUEST_FILE}.tmp" && mv -f "$RUN_DIR/{REQUEST_FILE}.tmp" '
+        f'"$RUN_DIR/{REQUEST_FILE}"; }} 2>/dev/null || true; }}',
+        f"trap 'SIGNALLED=1; preempt_request {sig}; kill -s {sig} $STEP 2>/dev/null || true' {sig}",
     ] + ([
         "# SIGTERM to this shell: scancel JOBID (a cancel), or SLURM preempting/requeueing the job itself",
-        "trap 'CANCELLED=1; SIGNALLED=1; kill -s TERM $STEP 2>/dev/null || true' TERM"] if sig != "TERM" else []) + [
+        "trap 'CANCELLED=1; SIGNALLED=1; preempt_request TERM; kill -s TERM $STEP 2>/dev/null || true' TERM"]
+        if sig != "TERM" else []) + [
         "while true; do",
         f"# --- one srun: the allocator + {c.cells} cell leaders as one pmix world; a rank that dies ends the step",
-        "#     (--kill-on-bad-exit) so a failure ends the job instead of hanging it",
+        "#     (--kill-on-bad-exit) so a failure ends the job instead of hanging it; a request of an earlier step",
+        "#     or job was served (one that came before this srun is kept: the ranks see it at start)",
+        f'(( SIGNALLED )) || rm -f "$RUN_DIR/{REQUEST_FILE}"',
         'touch "$RUN_DIR/.step-start"',
         "srun " + " ".join(srun) + " \\", "  " + " ".join(train) + " &",
         "STEP=$!",
@@ -155,17 +172,16 @@ def _launch(cfg: GyreConfig, layout, config_path: str, overrides: Sequence[str])
 
 
 def _relaunch(cfg: GyreConfig) -> list[str]:
-    """Shell lines at the end of the step loop: a step that lost a rank (no signal to this shell, a resume state
-    written during it) is run again in this allocation, at most run.max_relaunches times (gyre_hpc.slurm.relaunch,
-    the rule of ``gyre train``'s own supervisor, gyre_hpc.live.supervise)."""
-    sig, _ = parse_signal(cfg.slurm.signal)
+    """Shell lines at the end of the step loop: a step that lost a rank (no signal to this shell, rank 0's
+    ``lost_rank_saved`` during it) is run again in this allocation, at most run.max_relaunches times
+    (gyre_hpc.slurm.relaunch, the rule of ``gyre train``'s own supervisor, gyre_hpc.live.supervise)."""
     n = cfg.run.max_relaunches
     ask = (f'{shlex.quote(cfg.slurm.python)} -m gyre_hpc.slurm.relaunch --run-dir "$RUN_DIR" --exit "$RC" '
-           f'--done "$RELAUNCHES" --max {n} --preempt-signal SIG{sig} '
-           f'--events {shlex.quote(cfg.allocator.events_file)}')
+           f'--done "$RELAUNCHES" --max {n} --events {shlex.quote(cfg.allocator.events_file)}')
     return [
-        "# --- a rank lost (the step ended with a resume state nobody asked for): srun again in this allocation, at",
-        f"#     most {n} times (run.max_relaunches); the ranks resume from RUN_DIR (gyre_hpc.slurm.relaunch)",
+        "# --- a rank lost (rank 0 saved its state after srun's teardown: event lost_rank_saved): srun again in",
+        f"#     this allocation, at most {n} times (run.max_relaunches); the ranks resume from RUN_DIR",
+        "#     (gyre_hpc.slurm.relaunch)",
         f"if (( RC != 0 && ! SIGNALLED && RELAUNCHES < {n} )) && {ask}; then",
         "  RELAUNCHES=$(( RELAUNCHES + 1 ))",
         "  if (( ! SIGNALLED )); then continue; fi",

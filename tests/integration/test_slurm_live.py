@@ -177,6 +177,10 @@ def test_a_killed_cell_rank_is_srun_again_in_the_allocation_and_the_job_complete
     assert (job.state, job.exit_code) == ("COMPLETED", 0), job.err[-4000:]
     relaunched = [e for e in job.events() if e["event"] == "relaunched"]
     assert len(relaunched) == 1 and relaunched[0]["after_exit"] != 0, relaunched  # one step again, not a requeue
+    kinds = [e["event"] for e in job.events()]
+    killed_step = kinds[:kinds.index("relaunched")]  # rank 0 took srun's SIGTERM for the teardown, not a preemption
+    assert "lost_rank_saved" in killed_step and "preempted" not in killed_step, killed_step[-8:]
+    assert "resumed" in kinds[kinds.index("relaunched"):]
     summary = json.loads((job.run_dir / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["runs_lost"] == 0
     assert sorted({e["cell"] for e in job.events() if e["event"] == "hello"}) == list(range(CELLS))

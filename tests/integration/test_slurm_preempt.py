@@ -4,7 +4,8 @@ configs/local_4node.yaml with 2 cells (1 + 2 ranks over pmix on 2 emulated nodes
 - ``scancel --signal=USR1 --batch JOBID`` (what ``#SBATCH --signal=B:USR1@60`` does before the time limit): the
   batch shell forwards USR1 to the step, the ranks save RUN_DIR/resume and exit 75, the script requeues its own
   job; the same job id runs again on the same RUN_DIR, resumes and finishes COMPLETED with every step.
-- plain ``scancel JOBID``: a cancel, never a requeue. The job ends CANCELLED; the ranks get SLURM's SIGTERM and
+- plain ``scancel JOBID``: a cancel, never a requeue. The job ends CANCELLED; the ranks get SLURM's SIGTERM (rank 0
+  a preemption, not srun's teardown after a lost rank: the batch shell's trap writes RUN_DIR/preempt.request) and
   save a resume state if the step in progress ends within KillWait (5 s on the local cluster), which
   ``gyre train CONFIG --resume RUN_DIR`` continues by hand (docs/slurm.md, Preemption and requeue).
 
@@ -102,6 +103,7 @@ def test_usr1_to_the_batch_shell_preempts_requeues_and_the_same_job_resumes_to_t
     (pre,) = [e for e in events if e["event"] == "preempted"]
     (res,) = [e for e in events if e["event"] == "resumed"]
     assert pre["signal"] == "SIGUSR1" and 1 <= pre["steps_done"] < STEPS
+    assert "lost_rank_saved" not in [e["event"] for e in events]  # srun's SIGTERM after a rank exited 75: not a loss
     assert {k: res[k] for k in KEYS} == {k: pre[k] for k in KEYS}  # the staleness bookkeeping came back whole
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
@@ -126,6 +128,8 @@ def test_plain_scancel_cancels_without_requeue_and_any_resume_state_it_saved_is_
     latest = json.loads((run_dir / "checkpoints" / "latest" / "meta.json").read_text())["version"]
     assert latest >= 1
     events = (run_dir / "events.jsonl").read_text()
+    # the batch shell's TERM trap wrote RUN_DIR/preempt.request before forwarding: never taken for a lost rank
+    assert '"event": "lost_rank_saved"' not in events
     if resume.exists(run_dir):  # saved within KillWait: resumable by hand, at the checkpoint's version
         saved = resume.load(run_dir)
         assert 1 <= saved["sched"]["steps_done"] == saved["version"] <= latest

@@ -19,22 +19,26 @@ from test_sbatch import FAKE_SCONTROL, FAKE_SRUN  # the same srun/scontrol doubl
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def step(run_dir: Path, saved: bool, signal_name: str | None = None) -> None:
-    """What a step's ranks leave: RUN_DIR/.step-start (the script), then a resume state and a preempted event."""
+def step(run_dir: Path, *events: str, signal_name: str = "SIGTERM", earlier: tuple[str, ...] = ()) -> None:
+    """What a step's rank 0 leaves: RUN_DIR/.step-start (the script), a resume state, and its events (``earlier``:
+    events an earlier step logged before this one started)."""
     (run_dir / "resume").mkdir(parents=True, exist_ok=True)
+    (run_dir / "resume" / "state.json").write_text("{}")
+    with open(run_dir / "events.jsonl", "a") as f:
+        for kind in earlier:
+            f.write(json.dumps({"t": 0.5, "wall": time.time() - 200, "event": kind}) + "\n")
+        for kind in events:
+            rec = {"t": 1.0, "wall": time.time(), "event": kind}
+            rec.update({"signal": signal_name} if kind == "preempted" else {})
+            f.write(json.dumps(rec) + "\n")
     (run_dir / ".step-start").touch()
     past = time.time() - 100
     os.utime(run_dir / ".step-start", (past, past))
-    if saved:
-        (run_dir / "resume" / "state.json").write_text("{}")
-    if signal_name:
-        with open(run_dir / "events.jsonl", "a") as f:
-            f.write(json.dumps({"t": 1.0, "wall": time.time(), "event": "preempted", "signal": signal_name}) + "\n")
 
 
-def ask(run_dir: Path, code: int, done: int = 0, most: int = 2) -> int:
+def ask(run_dir: Path, code: int, done: int = 0, most: int = 2, *extra: str) -> int:
     return relaunch.main(["--run-dir", str(run_dir), "--exit", str(code), "--done", str(done), "--max", str(most),
-                          "--preempt-signal", "SIGUSR1"])
+                          *extra])
 
 
 def relaunched(run_dir: Path) -> list[dict]:
@@ -43,40 +47,56 @@ def relaunched(run_dir: Path) -> list[dict]:
     return [e for e in events if e["event"] == "relaunched"]
 
 
-def test_a_step_torn_down_by_srun_with_the_state_saved_is_relaunched_and_recorded(tmp_path):
-    step(tmp_path, saved=True, signal_name="SIGTERM")  # srun's --kill-on-bad-exit: SIGTERM, rank 0 saved
-    assert ask(tmp_path, 143) == 0
+@pytest.mark.parametrize("code", [69, 137, 143])
+def test_a_step_whose_rank_0_saved_after_a_lost_rank_is_relaunched_and_recorded(tmp_path, code):
+    step(tmp_path, "start", "lost_rank_saved", "stop")  # srun's --kill-on-bad-exit: SIGTERM, no request: a loss
+    assert ask(tmp_path, code) == 0
     (e,) = relaunched(tmp_path)
-    assert (e["attempt"], e["after_exit"], e["reason"]) == (1, 143, "rank_lost")
+    assert (e["attempt"], e["after_exit"], e["reason"]) == (1, code, "rank_lost")
 
 
-def test_a_step_preempted_by_the_preemption_signal_is_never_relaunched(tmp_path):
-    step(tmp_path, saved=True, signal_name="SIGUSR1")  # scancel --signal=USR1 JOBID: the steps, not the shell
-    assert ask(tmp_path, 75) == 1 and relaunched(tmp_path) == []
+@pytest.mark.parametrize("signal_name", ["SIGUSR1", "SIGTERM"])
+def test_a_preempted_step_is_never_relaunched_whatever_the_signal(tmp_path, signal_name):
+    """SIGUSR1: scancel --signal=USR1 to the steps. SIGTERM: ranks srun started without the batch script (by hand,
+    or a script rendered before it exported GYRE_SBATCH_LAUNCHED) take srun's teardown for a preemption."""
+    step(tmp_path, "start", "preempted", signal_name=signal_name)
+    assert ask(tmp_path, 75) == 1 and ask(tmp_path, 143) == 1 and relaunched(tmp_path) == []
 
 
-def test_a_step_without_a_new_resume_state_or_a_success_is_not_relaunched(tmp_path):
-    step(tmp_path, saved=False, signal_name="SIGTERM")
+def test_a_step_without_lost_rank_saved_or_a_success_is_not_relaunched(tmp_path):
+    step(tmp_path, "start")  # a resume state on disk, but not this step's lost-rank save
     assert ask(tmp_path, 137) == 1
-    step(tmp_path / "ok", saved=True)
+    step(tmp_path / "ok", "start", "lost_rank_saved")
     assert ask(tmp_path / "ok", 0) == 1
     assert relaunched(tmp_path) == [] and relaunched(tmp_path / "ok") == []
 
 
+def test_an_earlier_steps_lost_rank_saved_does_not_count_for_this_step(tmp_path):
+    step(tmp_path, "start", earlier=("lost_rank_saved",))
+    assert ask(tmp_path, 137) == 1 and relaunched(tmp_path) == []
+
+
 def test_the_budget_ends_the_relaunches(tmp_path):
-    step(tmp_path, saved=True, signal_name="SIGTERM")
-    assert ask(tmp_path, 75, done=2, most=2) == 1
-    assert ask(tmp_path, 75, done=0, most=0) == 1
+    step(tmp_path, "lost_rank_saved")
+    assert ask(tmp_path, 69, 2, 2) == 1
+    assert ask(tmp_path, 69, 0, 0) == 1
 
 
-#: srun double: the first step plays a lost rank (rank 0 saves, srun ends the step non-zero), the next finishes
+def test_a_script_rendered_before_still_passes_its_preempt_signal_and_is_answered(tmp_path):
+    """A requeued job runs the script it was submitted with, which may pass --preempt-signal (now ignored)."""
+    step(tmp_path, "lost_rank_saved")
+    assert ask(tmp_path, 137, 0, 2, "--preempt-signal", "SIGUSR1") == 0 and len(relaunched(tmp_path)) == 1
+
+
+#: srun double: the first step plays a lost rank (rank 0 saves and logs lost_rank_saved, srun ends the step with the
+#: SIGKILLed rank's 137), the next finishes
 LOSING_SRUN = """#!/bin/bash
 n=$(cat "$GYRE_RUN_DIR/steps" 2>/dev/null || echo 0); echo $((n + 1)) > "$GYRE_RUN_DIR/steps"
 if (( n == 0 )); then
   mkdir -p "$GYRE_RUN_DIR/resume"; sleep 0.05; echo "{}" > "$GYRE_RUN_DIR/resume/state.json"
-  event='{"t": 1.0, "wall": '"$(date +%s.%N)"', "event": "preempted", "signal": "SIGTERM"}'
+  event='{"t": 1.0, "wall": '"$(date +%s.%N)"', "event": "lost_rank_saved"}'
   echo "$event" >> "$GYRE_RUN_DIR/events.jsonl"
-  exit 143
+  exit 137
 fi
 rm -rf "$GYRE_RUN_DIR/resume"; exit 0
 """
@@ -107,7 +127,7 @@ def test_the_script_sruns_a_step_that_lost_a_rank_again_in_the_same_allocation(t
     assert (run_dir / "steps").read_text().strip() == "2"
     assert not (run_dir / "scontrol.log").exists()  # never requeued: relaunched inside the allocation
     assert "relaunching in this allocation (1 of at most 2" in err
-    assert [e["after_exit"] for e in relaunched(run_dir)] == [143]
+    assert [e["after_exit"] for e in relaunched(run_dir)] == [137]
 
 
 def test_with_no_relaunches_the_lost_step_is_requeued_as_before(tmp_path):
