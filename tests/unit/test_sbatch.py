@@ -204,28 +204,40 @@ echo "$*" >> "$GYRE_RUN_DIR/scontrol.log"
 """
 
 
+def run_rendered_script(tmp_path: Path, srun: str, overrides=(), wait_for_step: bool = False):
+    """The script rendered from the embedded config (+ ``overrides``) started under bash, with srun (``srun``: a
+    double's text) and scontrol (FAKE_SCONTROL) replaced at their boundary and python3 this interpreter; with
+    ``wait_for_step``, returned once the srun double touched RUN_DIR/step-running. Returns (process, RUN_DIR)."""
+    import time
+
+    cfg = load_config(None, ["slurm.signal=USR1@60", *overrides])
+    bin_dir, run_dir = tmp_path / "bin", tmp_path / "run"
+    bin_dir.mkdir()
+    run_dir.mkdir(exist_ok=True)
+    for name, text in (("srun", srun), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    (bin_dir / "python3").symlink_to(sys.executable)  # slurm.python: this interpreter, this worktree's package
+    script = tmp_path / "job.sh"
+    script.write_text(render_sbatch(cfg, "c.yaml"))
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "GYRE_RUN_DIR": str(run_dir), "SLURM_JOB_ID": "7",
+           "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_NODELIST": "n[1-9]", "NODES": str(node_count(cfg)),
+           "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while wait_for_step and not (run_dir / "step-running").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    return proc, run_dir
+
+
 @pytest.mark.parametrize("signal_name,requeued,code", [("USR1", True, 0), ("TERM", False, 75)])
 def test_a_preemption_signal_requeues_the_job_and_a_cancel_never_does(tmp_path, signal_name, requeued, code):
     """The rendered script under bash with srun and scontrol replaced at their boundary: USR1 to the batch shell
     (#SBATCH --signal=B:USR1@s) ends the step preempted and requeues; SIGTERM to the shell (plain scancel) ends it
     preempted too (the resume state is saved) but never requeues: a cancel stays cancelled."""
     import signal
-    import time
 
-    cfg = load_config(None, ["slurm.signal=USR1@60"])
-    bin_dir, run_dir = tmp_path / "bin", tmp_path / "run"
-    bin_dir.mkdir()
-    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    script = tmp_path / "job.sh"
-    script.write_text(render_sbatch(cfg, "c.yaml"))
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "GYRE_RUN_DIR": str(run_dir), "SLURM_JOB_ID": "7",
-           "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_NODELIST": "n[1-9]", "NODES": str(node_count(cfg))}
-    proc = subprocess.Popen(["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 30
-    while not (run_dir / "step-running").exists() and time.time() < deadline:
-        time.sleep(0.02)
+    proc, run_dir = run_rendered_script(tmp_path, FAKE_SRUN, wait_for_step=True)
     proc.send_signal(getattr(signal, f"SIG{signal_name}"))
     _, err = proc.communicate(timeout=30)
     log = run_dir / "scontrol.log"

@@ -2,11 +2,9 @@
 BEFORE it forwards the signal to the step, and the ranks are told so (GYRE_SBATCH_LAUNCHED); a request an earlier
 step or job left is removed before srun. The rendered script runs under bash with srun and scontrol replaced at
 their boundary (doubles; the srun double records what the step would see)."""
-import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -14,8 +12,8 @@ import pytest
 from gyre_hpc.config import load_config
 from gyre_hpc.live.preempt import REQUEST_FILE
 from gyre_hpc.preempt_request import SBATCH_ENV
-from gyre_hpc.slurm.sbatch import SCRIPTS, node_count, render_sbatch
-from test_sbatch import FAKE_SCONTROL
+from gyre_hpc.slurm.sbatch import SCRIPTS, render_sbatch
+from test_sbatch import run_rendered_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,24 +53,10 @@ def test_the_checked_in_scripts_write_the_request_file_the_ranks_poll(script):
 
 
 def start_job(tmp_path: Path, stale: bool = False) -> tuple[subprocess.Popen, Path]:
-    cfg = load_config(None, ["slurm.signal=USR1@60", "run.max_relaunches=0"])
-    bin_dir, run_dir = tmp_path / "bin", tmp_path / "run"
-    bin_dir.mkdir()
-    run_dir.mkdir()
     if stale:
-        (run_dir / REQUEST_FILE).write_text("SIGUSR1\n")  # an earlier job's, served
-    for name, text in (("srun", NOTING_SRUN), ("scontrol", FAKE_SCONTROL)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    script = tmp_path / "job.sh"
-    script.write_text(render_sbatch(cfg, "c.yaml"))
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "GYRE_RUN_DIR": str(run_dir), "SLURM_JOB_ID": "7",
-           "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_NODELIST": "n[1-9]", "NODES": str(node_count(cfg))}
-    proc = subprocess.Popen(["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 30
-    while not (run_dir / "step-running").exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.02)
-    return proc, run_dir
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / REQUEST_FILE).write_text("SIGUSR1\n")  # an earlier job's, served
+    return run_rendered_script(tmp_path, NOTING_SRUN, ["run.max_relaunches=0"], wait_for_step=True)
 
 
 @pytest.mark.parametrize("sig", ["USR1", "TERM"])

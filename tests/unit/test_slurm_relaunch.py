@@ -5,18 +5,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from gyre_hpc.config import load_config
 from gyre_hpc.slurm import relaunch
-from gyre_hpc.slurm.sbatch import node_count, render_sbatch
-from test_sbatch import FAKE_SCONTROL, FAKE_SRUN  # the same srun/scontrol doubles as the requeue tests
+from test_sbatch import FAKE_SRUN, run_rendered_script  # the same srun/scontrol doubles as the requeue tests
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def step(run_dir: Path, *events: str, signal_name: str = "SIGTERM", earlier: tuple[str, ...] = ()) -> None:
@@ -105,19 +101,7 @@ WAITING_SRUN = FAKE_SRUN
 
 
 def job(tmp_path: Path, srun: str, overrides=()) -> tuple[subprocess.Popen, Path]:
-    cfg = load_config(None, ["slurm.signal=USR1@60", *overrides])
-    bin_dir, run_dir = tmp_path / "bin", tmp_path / "run"
-    bin_dir.mkdir()
-    for name, text in (("srun", srun), ("scontrol", FAKE_SCONTROL)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    (bin_dir / "python3").symlink_to(sys.executable)  # slurm.python: this interpreter, this worktree's package
-    script = tmp_path / "job.sh"
-    script.write_text(render_sbatch(cfg, "c.yaml"))
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "GYRE_RUN_DIR": str(run_dir), "SLURM_JOB_ID": "7",
-           "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_NODELIST": "n[1-9]", "NODES": str(node_count(cfg)),
-           "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True), run_dir
+    return run_rendered_script(tmp_path, srun, overrides)
 
 
 def test_the_script_sruns_a_step_that_lost_a_rank_again_in_the_same_allocation(tmp_path):
