@@ -120,11 +120,23 @@ class _Background:
         return self.result
 
 
-def _decoding(client: EngineClient, max_new_tokens: int, rid: str | None = None) -> _Background:
-    """Start a request and return once it runs and has produced at least two tokens."""
-    bg = _Background(client, max_new_tokens, rid)
-    _wait(lambda: (lambda x: x["num_running_reqs"] >= 1 and x["num_used_tokens"] >= len(PROMPT) + 2)(_load(client)))
-    return bg
+def _decoding(client: EngineClient, max_new_tokens: int, rid: str | None = None, timeout: float = 300.0) -> _Background:
+    """Start a request and return once it runs and has produced at least two tokens. A request that ended before
+    /v1/loads showed it running (a poll starved on a loaded machine) is started once more, then the test fails
+    with how it ended, instead of waiting out the timeout for a request that is gone."""
+    seen: list[dict] = []
+
+    def running() -> bool:
+        seen[:] = [_load(client)]
+        return seen[0]["num_running_reqs"] >= 1 and seen[0]["num_used_tokens"] >= len(PROMPT) + 2
+
+    for _ in range(2):
+        bg = _Background(client, max_new_tokens, rid)
+        _wait(lambda: running() or not bg.thread.is_alive(), timeout)
+        if bg.thread.is_alive():
+            return bg
+    how = bg.error or (bg.result.finish_reason, len(bg.result.output_ids))
+    raise AssertionError(f"the request ended before it was seen running, twice: {how!r}; last load {seen}")
 
 
 def _spans(res: GenerateResult) -> list[tuple[str, int, int]]:
