@@ -2,7 +2,9 @@
 # Install SGLang 0.5.23 into the active Python environment (called by `bash scripts/setup.sh --sglang`).
 # The recipe measured in shared notes (sglang.md): sglang itself without its dependencies (it pins torch 2.14.1),
 # then the dependencies it needs pinned so that torch 2.13.0, transformers 5.19.0 and tokenizers 0.23.2 stay; on a
-# CPU-only torch, a .pth file puts scripts/sglang_cpu_stubs (sgl_kernel, torchvision) on the path.
+# CPU-only torch, scripts/sglang_cpu_stubs (sgl_kernel, torchvision) are copied into site-packages
+# (gyre_sglang_cpu_stubs/) and a .pth file puts that copy on the path: the stubs outlive the checkout that
+# installed them (a .pth into a deleted clone broke every SGLang start of another checkout).
 # Idempotent: when every package is already at its version, pip is not run (a second run: one torch import).
 # `pip check` fails afterwards by design (sglang's pins); that is expected.
 set -euo pipefail
@@ -47,11 +49,13 @@ fi
 site=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 pth="$site/gyre_sglang_cpu_stubs.pth"
 if [ "$device" = cpu ]; then
-  stubs="$(pwd)/scripts/sglang_cpu_stubs"
+  stubs="$site/gyre_sglang_cpu_stubs"
+  tmp="$stubs.tmp.$$"
+  rm -rf "$tmp" && cp -r scripts/sglang_cpu_stubs "$tmp" && rm -rf "$stubs" && mv "$tmp" "$stubs"
   [ "$(cat "$pth" 2>/dev/null)" = "$stubs" ] || echo "$stubs" > "$pth"
   echo "setup_sglang: CPU torch: stubs for sgl_kernel and torchvision on the path ($pth)"
 else
-  rm -f "$pth"
+  rm -rf "$pth" "$site/gyre_sglang_cpu_stubs"
   echo "setup_sglang: CUDA torch: install sgl-kernel and torchvision matching torch $torch_pin yourself (not done here)"
 fi
 # a cheap check (importing sglang itself takes 10-40 s): the stubs import, the pinned versions are there

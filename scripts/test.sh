@@ -20,7 +20,9 @@ fi
 stop() { [ "$started" = 1 ] && bash scripts/local-slurm.sh stop >/dev/null 2>&1; }
 trap stop EXIT
 # tests marked sglang start real SGLang servers: install it when missing (idempotent, ~2 min the first time)
-python -c "import sglang" >/dev/null 2>&1 || bash scripts/setup.sh --sglang || { echo "scripts/test.sh: SGLang did not install" >&2; exit 1; }
+# (on a CPU-only torch SGLang also needs the stubs setup_sglang.sh installs: checked through torch's build)
+python -c "import sglang, torch; torch.version.cuda or __import__('torchvision')" >/dev/null 2>&1 \
+  || bash scripts/setup.sh --sglang || { echo "scripts/test.sh: SGLang did not install" >&2; exit 1; }
 # tests of agent.kind mini-swe-agent run the real package from its own venv: make it when missing (idempotent)
 bash scripts/setup.sh --mini-swe-agent >/dev/null || { echo "scripts/test.sh: the mini-swe-agent venv did not install" >&2; exit 1; }
 if [ "$#" -gt 0 ]; then
