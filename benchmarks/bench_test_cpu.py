@@ -9,6 +9,9 @@ than one sampling interval are missed (an underestimate). Prints wall seconds, C
 mean number of busy cores: on a 2-core machine a ratio near 2 means CPU-bound (running two such groups side by side
 cannot help), well under 1 means mostly waiting (overlapping it with CPU-bound tests would).
 
+``--top N`` also prints the CPU seconds of the N largest kinds of process (a kind: the command line's program
+and module, e.g. ``python -m gyre_hpc.engines.local_server``), to see where a test's CPU goes.
+
 Only meaningful when nobody else's SLURM jobs run on the local cluster during the measurement (else --no-slurm).
 """
 from __future__ import annotations
@@ -41,6 +44,28 @@ def snapshot() -> dict[int, tuple[int, str, int, float]]:
     return procs
 
 
+def kind(pid: int) -> str:
+    """A process's kind: its program, with the module or script a Python process runs (``-m X`` or a .py)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return "?"
+    if not args:
+        return "?"
+    prog = os.path.basename(args[0])
+    if prog.startswith("python"):
+        for i, a in enumerate(args[1:], 1):
+            if a == "-m" and i + 1 < len(args):
+                return f"python -m {args[i + 1]}" + (f" {args[i + 2]}" if i + 2 < len(args) and
+                                                      not args[i + 2].startswith("-") else "")
+            if a.endswith(".py"):
+                return f"python {os.path.basename(a)}"
+            if a == "-c":
+                return "python -c"
+    return prog
+
+
 def descendants(procs: dict, roots: set[int]) -> set[int]:
     children: dict[int, list[int]] = {}
     for pid, (ppid, *_rest) in procs.items():
@@ -61,12 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the result to this file")
     parser.add_argument("--no-slurm", action="store_true",
                         help="count only the command's descendants (someone else's SLURM jobs are running)")
+    parser.add_argument("--top", type=int, default=0, help="print the CPU seconds of the N largest process kinds")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not cmd:
         parser.error("give the command after --")
     cpu: dict[tuple[int, int], float] = {}  # (pid, starttime) -> last CPU seconds read
+    kinds: dict[tuple[int, int], str] = {}  # (pid, starttime) -> kind, read when first seen
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd)
     while True:
@@ -76,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         for pid in descendants(procs, {proc.pid} | slurm) - slurm:
             _, _, start, used = procs[pid]
             cpu[(pid, start)] = used
+            if args.top and (pid, start) not in kinds:
+                kinds[(pid, start)] = kind(pid)
         if proc.poll() is not None:
             break
         time.sleep(args.every)
@@ -84,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     result = {"command": " ".join(cmd), "returncode": proc.returncode, "wall_s": round(wall, 1),
               "cpu_s": round(total, 1), "busy_cores": round(total / wall, 2), "processes": len(cpu),
               "load_avg_1m_at_end": os.getloadavg()[0]}
+    if args.top:
+        by_kind: dict[str, list[float]] = {}
+        for key, used in cpu.items():
+            by_kind.setdefault(kinds.get(key, "?"), []).append(used)
+        top = sorted(by_kind.items(), key=lambda kv: -sum(kv[1]))[:args.top]
+        result["top"] = [{"kind": k, "cpu_s": round(sum(v), 1), "processes": len(v)} for k, v in top]
     print(json.dumps(result))
     if args.json:
         with open(args.json, "w") as f:
