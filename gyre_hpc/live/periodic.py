@@ -11,8 +11,8 @@ ahead of time, every ``run.resume_every_steps`` steps, at the one quiet point of
                  or offered to the hub, never between): the buffer with each group's ready_version, the queries in
                  flight (re-issued by the resume), the step records and counters of version v
                  ``lost.save``: RUN_DIR/resume replaced whole (temp dir + rename), the checkpoint of version v linked
-                 event ``resume_saved {steps_done, version, save_ms}``; a failure is event ``resume_save_failed``
-                 {steps_done, error} and the run goes on
+                 event ``resume_saved {steps_done, version, save_ms, state_bytes}``; a failure is the event
+                 ``resume_save_failed {steps_done, error}`` and the run goes on
 
 A preemption or a lost rank later in the segment writes a newer state over it, as before. The supervisor
 (live/supervise.py, slurm/relaunch.py) relaunches a segment that died without a summary when it logged
@@ -33,6 +33,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from gyre_hpc import resume
 from gyre_hpc.errors import GyreError
 from gyre_hpc.live import lost, preempt
 
@@ -63,12 +64,13 @@ def save(run_dir: Path, server, hub, rollouts, steps: list[dict], carry: dict, w
     t0 = server.clock.now()
     try:
         state = snapshot(server, hub, rollouts, steps, carry, wall_s)
-        lost.save(run_dir, state)
-    except (GyreError, OSError) as exc:
+        path = lost.save(run_dir, state)
+        size = (path / resume.STATE).stat().st_size
+    except (GyreError, OSError, ValueError, TypeError) as exc:  # never fatal: the run goes on without it
         rec = {"event": FAILED, "steps_done": len(steps), "error": f"{type(exc).__name__}: {exc}"[:500]}
     else:
         rec = {"event": EVENT, "steps_done": state["sched"]["steps_done"], "version": state["version"],
                "buffer": len(state["buffer"]), "inflight": len(state["inflight"]),
-               "save_ms": round(1e3 * (server.clock.now() - t0), 3)}
+               "save_ms": round(1e3 * (server.clock.now() - t0), 3), "state_bytes": size}
     write(rec)
     return rec

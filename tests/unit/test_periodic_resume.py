@@ -87,7 +87,7 @@ def test_a_periodic_state_holds_the_buffer_the_queries_in_flight_and_the_held_ch
     rec = r.save(run_dir)
     assert {k: rec[k] for k in ("event", "steps_done", "version", "buffer", "inflight")} == {
         "event": "resume_saved", "steps_done": 2, "version": 2, "buffer": 2, "inflight": 2}
-    assert rec["save_ms"] >= 0
+    assert rec["save_ms"] >= 0 and rec["state_bytes"] == (resume.resume_dir(run_dir) / resume.STATE).stat().st_size
     state = resume.load(run_dir)  # the allocator had not applied the steps: counters rebuilt from the records
     assert [(g["gid"], g["ready_version"]) for g in state["buffer"]] == [(4, 2), (5, 2)]
     assert state["inflight"] == [6, 7] and state["next_gid"] == 8
