@@ -18,8 +18,8 @@ saves the resume state, logs ``lost_rank_saved`` (no ``preempted``) and exits 69
 Invariants (tests/unit/test_slurm_relaunch.py)
 - A step is a lost rank only if it ended non-zero and logged ``lost_rank_saved`` (rank 0 saved at srun's teardown)
   or a ``resume_saved`` newer than the state it resumed from (rank 0's periodic state, live/periodic.py: rank 0
-  itself died), and no ``preempted`` event (events with ``wall`` at or after RUN_DIR/.step-start's mtime), and the
-  batch shell was not signalled (the script never calls this then): only then ``live.supervise.relaunch_reason``
+  itself died), and no ``preempted`` event (events with ``wall`` at or after RUN_DIR/.step-start's mtime), the run
+  has no summary.json (it finished, whatever its status), and the batch shell was not signalled (the script never calls this then): only then ``live.supervise.relaunch_reason``
   is asked, as for exit 69 with the state saved, within ``--max``.
 - A relaunch appends one ``relaunched`` event (``after_exit``: srun's status); this module starts nothing.
 - Ranks srun started without the batch script (by hand, or a script rendered before it exported
@@ -49,7 +49,7 @@ def step_outcome(run_dir: Path, events_path: Path, code: int) -> supervise.Segme
     kinds = {e["event"] for e in events}
     saved, preempted = "lost_rank_saved" in kinds, "preempted" in kinds
     newer = supervise.saved_newer(events)  # rank 0's periodic state: rank 0 itself may be the rank that died
-    lost = code != 0 and (saved or newer) and not preempted
+    lost = code != 0 and (saved or newer) and not preempted and not (run_dir / "summary.json").is_file()
     return supervise.Segment(exit=RANK_LOST_EXIT if lost else code, saved=saved, resume_state=resume.exists(run_dir),
                              resumed="resumed" in kinds, preempted=preempted, checkpointed=newer)
 

@@ -104,6 +104,8 @@ def test_a_periodic_save_does_not_turn_a_preemption_or_a_success_into_a_relaunch
     assert ask(tmp_path, 75) == 1 and ask(tmp_path, 143) == 1
     periodic(tmp_path / "ok", resumed_at=None, saved_at=1)
     assert ask(tmp_path / "ok", 0) == 1
+    (tmp_path / "ok" / "summary.json").write_text("{}")  # finished, then failed its own check (data loss: exit 2)
+    assert ask(tmp_path / "ok", 2) == 1
     assert relaunched(tmp_path) == [] and relaunched(tmp_path / "ok") == []
 
 
