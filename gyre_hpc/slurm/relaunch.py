@@ -19,8 +19,9 @@ Invariants (tests/unit/test_slurm_relaunch.py)
 - A step is a lost rank only if it ended non-zero and logged ``lost_rank_saved`` (rank 0 saved at srun's teardown)
   or a ``resume_saved`` newer than the state it resumed from (rank 0's periodic state, live/periodic.py: rank 0
   itself died), and no ``preempted`` event (events with ``wall`` at or after RUN_DIR/.step-start's mtime), the run
-  has no summary.json (it finished, whatever its status), and the batch shell was not signalled (the script never calls this then): only then ``live.supervise.relaunch_reason``
-  is asked, as for exit 69 with the state saved, within ``--max``.
+  has no summary.json (it finished, whatever its status), and the batch shell was not signalled (the script never
+  calls this then): only then ``live.supervise.relaunch_reason`` is asked, as for exit 69 with the state saved,
+  within ``--max``.
 - A relaunch appends one ``relaunched`` event (``after_exit``: srun's status); this module starts nothing.
 - Ranks srun started without the batch script (by hand, or a script rendered before it exported
   ``GYRE_SBATCH_LAUNCHED``) take the teardown's SIGTERM for a preemption: their step logs ``preempted SIGTERM``,
