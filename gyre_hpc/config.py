@@ -45,9 +45,13 @@ class RunConfig:
     max_relaunches: int = param(
         2, "`gyre train` relaunches its run with --resume at most this many times after it lost a rank (exit 69) or "
         "a cell's rank failed (70) with the resume state saved; never after a preemption; 0 = exit instead.")
+    resume_every_steps: int = param(
+        1, "Rank 0 writes RUN_DIR/resume after every this many steps it applied (event resume_saved), so a run "
+        "whose rank 0 dies (SIGKILL, OOM) is relaunched from it; 0 = never (only preemptions and lost ranks save).")
 
     def check(self) -> None:
         require(0 <= self.max_relaunches <= 100, "max_relaunches", f"must be in 0..100, got {self.max_relaunches}")
+        require(self.resume_every_steps >= 0, "resume_every_steps", f"must be >= 0, got {self.resume_every_steps}")
 
 
 @dataclass(frozen=True)

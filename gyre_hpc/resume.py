@@ -60,7 +60,7 @@ RANK_FILES = ("rank{rank:03d}.safetensors", "rank{rank:03d}.state.pt")
 #: config keys a resumed run may change: how many steps, where the run directory is, how long to wait, how the
 #: job is submitted. Everything else (model, optimizer, cells, policy, workload, seed) must stay what it was.
 MAY_CHANGE = ("allocator.steps", "allocator.preempt_inflight", "run.name", "run.out_dir", "run.max_relaunches",
-              "slurm.")
+              "run.resume_every_steps", "slurm.")
 MAY_CHANGE_SUFFIXES = ("timeout_s", "retries")
 
 

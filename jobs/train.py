@@ -42,7 +42,7 @@ from gyre_hpc.models import run_init
 from gyre_hpc.live.launch import launch, rank_command
 from gyre_hpc.live.rank import check_resume_config, early_preemption, print_summary, run_rank
 from gyre_hpc.live.lost import RANK_LOST_EXIT
-from gyre_hpc.live.supervise import ERROR_EXIT, add_relaunches, supervise
+from gyre_hpc.live.supervise import ERROR_EXIT, add_relaunches, saved_newer, supervise
 from gyre_hpc.resume import PREEMPTED_EXIT
 from jobs import add_overrides
 
@@ -185,6 +185,8 @@ def _failed(cfg, run_dir: Path, code: int, before: int = 0) -> int:
     else:
         kind, why = "rank_lost", f"a rank ended without finishing its role (mpirun exit {code})"
     saved = next((e["resume"] for e in events[before:] if e["event"] == "lost_rank_saved"), None)
+    if saved is None and saved_newer(events[before:]) and (run_dir / "resume" / "state.json").is_file():
+        saved = str(run_dir / "resume")  # rank 0's periodic state (live/periodic.py): rank 0 itself may have died
     if not events or events[-1]["event"] != "error":
         rec = {"t": max((e.get("t", 0.0) for e in events), default=0.0), "wall": round(time.time(), 6),
                "event": kind, "error": why, "mpirun_exit": code, "resume": saved}

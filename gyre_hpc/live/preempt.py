@@ -155,6 +155,7 @@ def restore(saved: dict, server, hub, rollouts, now: float, reissue: bool = True
         g.ready_version = int(s.get("ready_version", max(saved["version"], *g.gen_versions, 0)))
     hub.restore(groups, saved["version"])
     rollouts.next_gid = saved["next_gid"]
+    rollouts.set_aside_from(saved["next_gid"])  # a periodic state: the dead segment had admitted these gids already
     again = reissued(saved, reissue)
     rollouts.reissue(again)
     if rollouts.batches is not None:  # fixed batches count on from the next group admitted (re-issued first)

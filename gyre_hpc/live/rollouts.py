@@ -32,6 +32,10 @@ Invariants (tests/integration/test_live_training.py)
   is moved to tito/interrupted/ first (``set_aside``), so the re-issued runs' records are the file's only ones.
   ``rebuild`` turns a buffered group's TITO file back into the same training group (the batch is a pure
   function of the file and the config).
+- ``lock`` is held while a group leaves the queries in flight (``readied``) and is held for its fixed batch or
+  offered to the hub, and by the periodic snapshot (live/periodic.py), which therefore sees each admitted group
+  in exactly one place; ``set_aside_from(next_gid)`` moves aside the files of queries admitted after an older
+  periodic state, before a resume admits those gids again.
 """
 from __future__ import annotations
 
@@ -85,6 +89,7 @@ class Rollouts:
         self.groups: list[dict] = []  # per ready group: gid, runs, rewards, statuses, seconds
         self.errors: list[str] = []
         self.closed = False
+        self.lock = threading.Lock()  # held while a group goes from in flight to held/offered, and by a snapshot
         self.admitted: list[int] = []  # gids started in this segment, in order (re-issued ones first)
         self.readied: set[int] = set()  # gids that became ready (before the preemption, if any)
         self.pending_reissue: list[int] = []
@@ -123,8 +128,12 @@ class Rollouts:
         group.t_ready = self.clock.wall()
         group.rewards = [] if lost else [r.outcome.score for r in results if r.outcome.score is not None]
         group.runs = len(results)
-        if self.closed:  # preempted meanwhile: not part of the saved buffer
-            return
+        with self.lock:  # one move for a snapshot (live/periodic.py): in flight, then held or offered, never between
+            if self.closed:  # preempted meanwhile: not part of the saved buffer
+                return
+            self._ready(gid, t0, group, results, lost)
+
+    def _ready(self, gid: int, t0: float, group: dp.Group, results, lost: str | None) -> None:
         self.readied.add(gid)
         self.groups.append({"gid": gid, "runs": len(results), "seconds": group.t_ready - t0,
                             "rewards": group.rewards, "versions": list(group.gen_versions),
@@ -155,6 +164,10 @@ class Rollouts:
         for gid in gids:
             set_aside(self.tito_path(gid))
         self.pending_reissue = list(gids)
+
+    def set_aside_from(self, next_gid: int) -> list[Path]:
+        """A resume from a periodic state: move aside the TITO files of the queries ``next_gid`` and on."""
+        return set_aside_from(self.run_dir / "tito", next_gid)
 
     def tito_path(self, gid: int) -> Path:
         from gyre_hpc.proxy.recorder import group_file
@@ -257,3 +270,14 @@ def set_aside(tito: Path) -> Path | None:
     n = sum(1 for _ in aside.glob(f"{tito.name}.*"))
     return tito.replace(aside / f"{tito.name}.{n}")
 
+
+def set_aside_from(tito_dir: Path, next_gid: int) -> list[Path]:
+    """Move the group files of gids ``next_gid`` and on to tito/interrupted/ (``set_aside``); the moved paths.
+    A resume state written periodically (live/periodic.py) is older than the segment that died after it: that
+    segment went on admitting queries from the saved ``next_gid``, and the resumed run admits those gids again."""
+    moved = []
+    for f in sorted(Path(tito_dir).glob("q*.jsonl")):
+        digits = f.name[1:-len(".jsonl")]
+        if digits.isdigit() and int(digits) >= next_gid and (aside := set_aside(f)) is not None:
+            moved.append(aside)
+    return moved

@@ -16,6 +16,8 @@
     resumed (RUN_DIR/resume exists): buffer, counters and step records come back before the first decision
     rank lost (mpirun's SIGTERM under ``gyre train``, runtime.lost): no orderly shutdown; the resume state of
                what rank 0 holds goes to RUN_DIR/resume (event ``lost_rank_saved``), then exit 69
+    every run.resume_every_steps steps (live/periodic.py): RUN_DIR/resume at the step just applied (event
+               ``resume_saved``), so a run whose rank 0 dies is relaunched from it
 
 Invariants (tests/integration/test_live_training.py)
 - Every decision comes from the same policy object the simulator drives (``make_policy``).
@@ -45,7 +47,7 @@ from gyre_hpc.allocator.types import Role
 from gyre_hpc.config import GyreConfig, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
 from gyre_hpc.io import atomic_write_json, atomic_write_text
-from gyre_hpc.live import dataloss, lost, preempt
+from gyre_hpc.live import dataloss, lost, periodic, preempt
 from gyre_hpc.live.hub import Hub
 from gyre_hpc.live.rollouts import Rollouts
 from gyre_hpc.train import agreement
@@ -161,6 +163,8 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
             server.log.write({"event": "train_step", **rec})
             with open(run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(rec) + "\n")
+            if periodic.due(len(steps), cfg.run.resume_every_steps, cfg.allocator.steps):  # rank 0 may die later
+                periodic.save(run_dir, server, hub, rollouts, steps, carry, clock.now() - t0, server.log.write)
             progress()
 
         def progress() -> None:

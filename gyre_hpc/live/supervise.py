@@ -9,11 +9,19 @@
                   every cell starts again, the one whose rank was lost included: that is the cell rejoining
       ...         exit 0, the summary with ``relaunches``
 
+    rank 0 itself dies (SIGKILL, OOM): nothing saves at the end, but rank 0 saved RUN_DIR/resume every
+    ``run.resume_every_steps`` steps (live/periodic.py, event ``resume_saved``); mpirun exits non-zero with no
+    summary (``on_failure``: 69, or 70 if another rank left an error), and the run is relaunched from that state
+
 Invariants (tests/unit/test_supervise.py, tests/integration/test_relaunch.py)
 - ``relaunch_reason`` is a pure function of a segment's outcome: a reason only after exit 69 (``rank_lost``) or 70
   (``error``: a cell's rank raised and mpirun tore the job down) when there is a resume state to continue from,
-  saved by this segment (event ``lost_rank_saved``) or the one this segment started from when its rank 0 never
-  got to resume (no ``resumed`` event), and only while fewer than ``run.max_relaunches`` relaunches were made.
+  saved by this segment (event ``lost_rank_saved`` at the end, or ``resume_saved`` on the way: rank 0 may be the
+  rank that died) or the one this segment started from when its rank 0 never got to resume (no ``resumed``
+  event), and only while fewer than ``run.max_relaunches`` relaunches were made.
+- A ``resume_saved`` counts only if it is newer than the state the segment started from (its ``steps_done`` above
+  the ``resumed`` event's): a segment that resumed and died before it saved again is not relaunched, so a run
+  whose rank 0 dies at the same step every time stops after one relaunch, never loops.
 - An error (70) is relaunched only when its segment trained a step (a ``step`` event): an error before the
   segment's first step is a start that fails (an engine that cannot load its model, a broken install), and a
   relaunch from the same state would fail the same way, costing the user one more start each time. A lost rank
@@ -39,6 +47,7 @@ from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.errors import GyreError
 from gyre_hpc.io import atomic_write_json
 from gyre_hpc.live.lost import RANK_LOST_EXIT
+from gyre_hpc.live.periodic import EVENT as PERIODIC_EVENT
 from gyre_hpc.resume import PREEMPTED_EXIT
 
 #: exit status of a run that ended on an unrecoverable error (EX_SOFTWARE); RANK_LOST_EXIT (69) is live/lost.py's
@@ -58,6 +67,7 @@ class Segment:
     resumed: bool  # its rank 0 logged ``resumed`` (it started from the earlier state and went on)
     preempted: bool  # the launcher got a preemption signal while it ran
     stepped: bool = True  # it trained a step (a ``step`` event): asked only after an error (exit 70)
+    checkpointed: bool = False  # its rank 0 saved a state newer than the segment's start (``resume_saved``)
 
 
 def relaunch_reason(seg: Segment, done: int, max_relaunches: int) -> str | None:
@@ -66,7 +76,7 @@ def relaunch_reason(seg: Segment, done: int, max_relaunches: int) -> str | None:
         return None
     if seg.exit == ERROR_EXIT and not seg.stepped:  # it failed while starting: a relaunch starts the same way
         return None
-    if seg.saved or (seg.resume_state and not seg.resumed):
+    if seg.saved or (seg.checkpointed and seg.resume_state) or (seg.resume_state and not seg.resumed):
         return RELAUNCH_REASONS[seg.exit]
     return None
 
@@ -82,9 +92,17 @@ def events_of(path: Path) -> list[dict]:
 
 def segment(run_dir: Path, events_path: Path, code: int, before: int, preempted: bool) -> Segment:
     """The outcome of the segment that wrote the events after the first ``before`` ones and ended with ``code``."""
-    kinds = [e["event"] for e in events_of(events_path)[before:]]
+    events = events_of(events_path)[before:]
+    kinds = [e["event"] for e in events]
     return Segment(exit=code, saved="lost_rank_saved" in kinds, resume_state=resume.exists(run_dir),
-                   resumed="resumed" in kinds, preempted=preempted, stepped="step" in kinds)
+                   resumed="resumed" in kinds, preempted=preempted, stepped="step" in kinds,
+                   checkpointed=saved_newer(events))
+
+
+def saved_newer(events: list[dict]) -> bool:
+    """A segment's events (in order) hold a ``resume_saved`` newer than the state it resumed from (none: 0 steps)."""
+    start = next((int(e.get("steps_done", 0)) for e in events if e["event"] == "resumed"), 0)
+    return any(e["event"] == PERIODIC_EVENT and int(e.get("steps_done", 0)) > start for e in events)
 
 
 def record(events_path: Path, attempt: int, after_exit: int, reason: str, clock: Clock | None = None) -> None:

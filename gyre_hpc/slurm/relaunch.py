@@ -16,10 +16,12 @@ saves the resume state, logs ``lost_rank_saved`` (no ``preempted``) and exits 69
 (137, the SIGKILLed rank's, on the local cluster; rank 0's 69 shows in .err), which this rule does not read.
 
 Invariants (tests/unit/test_slurm_relaunch.py)
-- A step is a lost rank only if it ended non-zero and logged ``lost_rank_saved`` and no ``preempted`` event
-  (events with ``wall`` at or after RUN_DIR/.step-start's mtime), and the batch shell was not signalled (the
-  script never calls this then): only then ``live.supervise.relaunch_reason`` is asked, as for exit 69 with the
-  state saved, within ``--max``.
+- A step is a lost rank only if it ended non-zero and logged ``lost_rank_saved`` (rank 0 saved at srun's teardown)
+  or a ``resume_saved`` newer than the state it resumed from (rank 0's periodic state, live/periodic.py: rank 0
+  itself died), and no ``preempted`` event (events with ``wall`` at or after RUN_DIR/.step-start's mtime), the run
+  has no summary.json (it finished, whatever its status), and the batch shell was not signalled (the script never
+  calls this then): only then ``live.supervise.relaunch_reason`` is asked, as for exit 69 with the state saved,
+  within ``--max``.
 - A relaunch appends one ``relaunched`` event (``after_exit``: srun's status); this module starts nothing.
 - Ranks srun started without the batch script (by hand, or a script rendered before it exported
   ``GYRE_SBATCH_LAUNCHED``) take the teardown's SIGTERM for a preemption: their step logs ``preempted SIGTERM``,
@@ -44,11 +46,13 @@ def step_outcome(run_dir: Path, events_path: Path, code: int) -> supervise.Segme
     """How the step that started at RUN_DIR/.step-start ended, in ``live.supervise``'s terms: rank 0's own
     events of the step say whether it lost a rank (``lost_rank_saved``) or was preempted (``preempted``)."""
     start = (run_dir / STEP_START).stat().st_mtime if (run_dir / STEP_START).is_file() else 0.0
-    kinds = {e["event"] for e in supervise.events_of(events_path) if float(e.get("wall", 0.0)) >= start}
+    events = [e for e in supervise.events_of(events_path) if float(e.get("wall", 0.0)) >= start]
+    kinds = {e["event"] for e in events}
     saved, preempted = "lost_rank_saved" in kinds, "preempted" in kinds
-    lost = code != 0 and saved and not preempted
+    newer = supervise.saved_newer(events)  # rank 0's periodic state: rank 0 itself may be the rank that died
+    lost = code != 0 and (saved or newer) and not preempted and not (run_dir / "summary.json").is_file()
     return supervise.Segment(exit=RANK_LOST_EXIT if lost else code, saved=saved, resume_state=resume.exists(run_dir),
-                             resumed="resumed" in kinds, preempted=preempted)
+                             resumed="resumed" in kinds, preempted=preempted, checkpointed=newer)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

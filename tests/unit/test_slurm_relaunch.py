@@ -72,6 +72,43 @@ def test_an_earlier_steps_lost_rank_saved_does_not_count_for_this_step(tmp_path)
     assert ask(tmp_path, 137) == 1 and relaunched(tmp_path) == []
 
 
+def periodic(run_dir: Path, resumed_at: int | None, saved_at: int | None) -> None:
+    """Events of a step whose rank 0 died: it resumed at ``resumed_at`` steps (None: a new run) and saved its
+    periodic state at ``saved_at`` (None: never), after RUN_DIR/.step-start."""
+    step(run_dir, "start")
+    with open(run_dir / "events.jsonl", "a") as f:
+        for kind, n in (("resumed", resumed_at), ("resume_saved", saved_at)):
+            if n is not None:
+                f.write(json.dumps({"t": 2.0, "wall": time.time(), "event": kind, "steps_done": n}) + "\n")
+
+
+@pytest.mark.parametrize("code", [137, 143, 69])
+def test_a_step_whose_rank_0_died_after_a_newer_periodic_save_is_relaunched(tmp_path, code):
+    periodic(tmp_path, resumed_at=2, saved_at=3)  # rank 0 SIGKILLed: no lost_rank_saved, srun ends the step
+    assert ask(tmp_path, code) == 0
+    (e,) = relaunched(tmp_path)
+    assert (e["attempt"], e["after_exit"], e["reason"]) == (1, code, "rank_lost")
+
+
+def test_a_step_whose_rank_0_died_before_a_newer_periodic_save_is_not_relaunched(tmp_path):
+    periodic(tmp_path, resumed_at=3, saved_at=None)
+    assert ask(tmp_path, 137) == 1
+    periodic(tmp_path / "same", resumed_at=3, saved_at=3)  # a state no newer than the one it resumed from
+    assert ask(tmp_path / "same", 137) == 1
+    assert relaunched(tmp_path) == [] and relaunched(tmp_path / "same") == []
+
+
+def test_a_periodic_save_does_not_turn_a_preemption_or_a_success_into_a_relaunch(tmp_path):
+    periodic(tmp_path, resumed_at=None, saved_at=1)
+    step(tmp_path, "preempted", signal_name="SIGUSR1")
+    assert ask(tmp_path, 75) == 1 and ask(tmp_path, 143) == 1
+    periodic(tmp_path / "ok", resumed_at=None, saved_at=1)
+    assert ask(tmp_path / "ok", 0) == 1
+    (tmp_path / "ok" / "summary.json").write_text("{}")  # finished, then failed its own check (data loss: exit 2)
+    assert ask(tmp_path / "ok", 2) == 1
+    assert relaunched(tmp_path) == [] and relaunched(tmp_path / "ok") == []
+
+
 def test_the_budget_ends_the_relaunches(tmp_path):
     step(tmp_path, "lost_rank_saved")
     assert ask(tmp_path, 69, 2, 2) == 1

@@ -11,9 +11,10 @@ from gyre_hpc.live.supervise import Segment, relaunch_reason
 from gyre_hpc.resume import PREEMPTED_EXIT
 
 
-def seg(exit=69, saved=True, resume_state=True, resumed=False, preempted=False, stepped=True) -> Segment:
+def seg(exit=69, saved=True, resume_state=True, resumed=False, preempted=False, stepped=True,
+        checkpointed=False) -> Segment:
     return Segment(exit=exit, saved=saved, resume_state=resume_state, resumed=resumed, preempted=preempted,
-                   stepped=stepped)
+                   stepped=stepped, checkpointed=checkpointed)
 
 
 def test_a_lost_rank_with_its_resume_state_saved_is_relaunched_while_the_budget_lasts():
@@ -60,6 +61,8 @@ def test_the_exit_statuses_agree_with_the_launchers():
 
 #: the scripted segments after which rank 0 saved a resume state (a lost rank: 69; an error: 70)
 SAVING = ("lost", "error at start", "error after a step")
+#: the scripted segments whose rank 0 died (SIGKILL): no save at the end, maybe a periodic one (resume_saved) before
+RANK_0_KILLED = ("rank 0 killed after a save", "rank 0 killed before a save")
 
 
 class SegmentsDouble:
@@ -67,16 +70,27 @@ class SegmentsDouble:
 
     def __init__(self, run_dir, events, script):
         self.run_dir, self.events, self.script, self.calls = run_dir, events, list(script), 0
+        self.steps_saved = 0  # the steps_done of the resume state on disk
 
     def __call__(self) -> int:
         kind = self.script[self.calls]
         self.calls += 1
         with open(self.events, "a") as f:
-            f.write(json.dumps({"t": float(self.calls), "event": "resumed" if self.calls > 1 else "started"}) + "\n")
+            f.write(json.dumps({"t": float(self.calls), "event": "resumed" if self.calls > 1 else "started",
+                                "steps_done": self.steps_saved}) + "\n")
+            if kind == "rank 0 killed after a save":  # a step, then rank 0's periodic state, then SIGKILL
+                self.steps_saved += 1
+                f.write(json.dumps({"t": self.calls + 0.5, "event": "resume_saved",
+                                    "steps_done": self.steps_saved}) + "\n")
             if kind == "error after a step":
                 f.write(json.dumps({"t": self.calls + 0.25, "event": "step"}) + "\n")
             if kind in SAVING:
                 f.write(json.dumps({"t": self.calls + 0.5, "event": "lost_rank_saved"}) + "\n")
+        if kind in RANK_0_KILLED:
+            if kind == "rank 0 killed after a save":
+                (self.run_dir / "resume").mkdir(exist_ok=True)
+                (self.run_dir / "resume" / "state.json").write_text("{}")
+            return 69  # what _failed makes of mpirun's status without a summary
         if kind in SAVING:
             (self.run_dir / "resume").mkdir(exist_ok=True)
             (self.run_dir / "resume" / "state.json").write_text("{}")
@@ -166,3 +180,48 @@ def test_the_relaunch_budget_may_change_across_a_resume():
     assert resume.config_changes(saved, to_dict(load_config("configs/local.yaml", ["run.max_relaunches=0"]))) == {}
     del saved["run"]["max_relaunches"]  # a run directory written before the key existed
     assert resume.config_changes(saved, to_dict(load_config("configs/local.yaml", []))) == {}
+
+
+def test_a_segment_whose_rank_0_died_after_a_periodic_save_is_relaunched_even_after_a_resume():
+    assert relaunch_reason(seg(saved=False, resumed=True, checkpointed=True), 0, 2) == "rank_lost"
+    assert relaunch_reason(seg(exit=70, saved=False, resumed=True, checkpointed=True), 0, 2) == "error"
+    assert relaunch_reason(seg(saved=False, resumed=True, checkpointed=True), 2, 2) is None  # the budget
+    assert relaunch_reason(seg(saved=False, resumed=True, checkpointed=True, preempted=True), 0, 2) is None
+    assert relaunch_reason(seg(exit=2, saved=False, resumed=True, checkpointed=True), 0, 2) is None
+    assert relaunch_reason(seg(saved=False, resumed=True, checkpointed=True, resume_state=False), 0, 2) is None
+
+
+def test_only_a_periodic_save_newer_than_the_state_the_segment_resumed_from_counts():
+    saved = {"event": "resume_saved", "steps_done": 3}
+    assert supervise.saved_newer([{"event": "start"}, {"event": "resume_saved", "steps_done": 1}])
+    assert supervise.saved_newer([{"event": "resumed", "steps_done": 2}, saved])
+    assert not supervise.saved_newer([{"event": "resumed", "steps_done": 3}, saved])
+    assert not supervise.saved_newer([{"event": "resumed", "steps_done": 2}, {"event": "lost_rank_saved"}])
+
+
+def test_rank_0_killed_after_each_periodic_save_is_relaunched_until_the_run_finishes(tmp_path):
+    code, calls, failures, relaunched = run(tmp_path, ["rank 0 killed after a save"] * 2 + ["done"])
+    assert (code, calls) == (0, 3)
+    assert [(e["attempt"], e["after_exit"], e["reason"]) for e in relaunched] == [(1, 69, "rank_lost"),
+                                                                                   (2, 69, "rank_lost")]
+
+
+def test_rank_0_killed_again_before_a_newer_save_ends_the_relaunches_so_no_loop_can_form(tmp_path):
+    code, calls, _, relaunched = run(tmp_path, ["rank 0 killed after a save", "rank 0 killed before a save",
+                                                "done"], max_relaunches=5)
+    assert (code, calls) == (69, 2)
+    assert [e["attempt"] for e in relaunched] == [1]
+
+
+def test_rank_0_killed_before_any_save_ends_the_command(tmp_path):
+    code, calls, _, relaunched = run(tmp_path, ["rank 0 killed before a save", "done"])
+    assert (code, calls, relaunched) == (69, 1, [])
+
+
+def test_the_periodic_save_interval_may_change_across_a_resume():
+    from gyre_hpc import resume
+    from gyre_hpc.config import load_config, to_dict
+
+    saved = to_dict(load_config("configs/local.yaml", []))
+    now = to_dict(load_config("configs/local.yaml", ["run.resume_every_steps=5"]))
+    assert resume.config_changes(saved, now) == {}
