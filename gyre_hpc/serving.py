@@ -3,7 +3,8 @@
 Invariants
 - The ready line is printed (and flushed) only after the server accepts connections; launchers
   (``engines.launch``, ``proxy.launch``) wait for it before they hand out the URL.
-- A service ignores SIGUSR1, the preemption signal of a live run: under SLURM a signal to the step reaches every
+- A service ignores SIGUSR1, the preemption signal of a live run (on submitit's tasks the time-limit signal too:
+  ``rank_signals.service_ignored``): under SLURM a signal to the step reaches every
   process in it, and the ranks (``runtime.preempt``), not their services, decide what preemption does.
 - A request whose caller hangs up is given up within ``DISCONNECT_POLL_S`` (its work is aborted or cancelled
   by the caller's ``on_hang_up``) and answered 499, as in SGLang.
@@ -37,7 +38,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from gyre_hpc import auth
+from gyre_hpc import auth, rank_signals
 from gyre_hpc.clock import wait_until
 from gyre_hpc.config import HttpConfig
 from gyre_hpc.errors import ConfigError
@@ -57,7 +58,9 @@ ORPHAN_EXIT = 70
 async def serve_announced(server: Any, ready_line: str) -> None:
     """Run the ``uvicorn.Server`` ``server`` until it exits; print ``ready_line`` once it has started."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the ranks' preemption signal (module docstring)
+        sigs = rank_signals.current()
+        for s in sigs.nums(sigs.service_ignored):  # the ranks' preemption signals but SIGTERM (module docstring)
+            signal.signal(s, signal.SIG_IGN)
     watch_parent()
 
     async def announce() -> None:

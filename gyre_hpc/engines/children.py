@@ -7,7 +7,8 @@
   process dies, however it dies (SIGKILL included), the kernel kills the child;
 - with the job secret (``auth.ensure_secret``: generated here when the process has none) and the parent's PID
   (``serving.PARENT_ENV``, for the child's own watchdog) in its environment, never on its command line;
-- with SIGUSR1 (the ranks' preemption signal) ignored from its first instruction.
+- with SIGUSR1 (the ranks' preemption signal; on submitit's tasks the time-limit signal too) ignored from its
+  first instruction.
 
 Invariants (tests/integration/test_no_orphans.py)
 - Linux delivers the parent-death signal when the *thread* that forked the child exits, so every child is forked
@@ -25,7 +26,7 @@ import signal
 import subprocess
 from typing import IO, Mapping, Sequence
 
-from gyre_hpc import auth
+from gyre_hpc import auth, rank_signals
 
 PR_SET_PDEATHSIG = 1
 PARENT_ENV = "GYRE_PARENT_PID"  # the same name as serving.PARENT_ENV (serving imports FastAPI; this must not)
@@ -39,8 +40,11 @@ def _libc() -> ctypes.CDLL:
 
 def ignore_preemption_signal() -> None:
     """SIGUSR1 (the ranks' preemption signal, which mpirun and srun deliver to every process of the job) is
-    ignored; an ignored signal stays ignored across exec (serving.py re-asserts it)."""
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    ignored, and on submitit's SLURM tasks the time-limit signal too (USR2: ``rank_signals.service_ignored``);
+    an ignored signal stays ignored across exec (serving.py re-asserts it)."""
+    sigs = rank_signals.current()
+    for s in sigs.nums(sigs.service_ignored):
+        signal.signal(s, signal.SIG_IGN)
 
 
 def child_setup() -> None:
@@ -72,6 +76,8 @@ def child_env(drop: Sequence[str] = ()) -> dict[str, str]:
 
 def spawn(cmd: Sequence[str], log: IO[bytes], env: Mapping[str, str]) -> subprocess.Popen:
     """Start ``cmd`` (stdout and stderr to ``log``) as described in the module docstring."""
+    rank_signals.current()  # decided here, in the parent: ``child_setup`` after the fork only reads it
+
     def start() -> subprocess.Popen:
         return subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=dict(env), start_new_session=True, preexec_fn=child_setup)

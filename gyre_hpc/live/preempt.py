@@ -2,7 +2,9 @@
 
 ::
 
-    SIGTERM / SIGUSR1 on a rank     (srun and scancel signal the step), or RUN_DIR/preempt.request (written by
+    SIGTERM / SIGUSR1 on a rank     (srun and scancel signal the step; on submitit's SLURM tasks also the signal
+                                    submitit asks for before the time limit, USR2: gyre_hpc.rank_signals),
+                                    or RUN_DIR/preempt.request (written by
                                     ``gyre train`` when it gets the signal: rank 0 polls it, no rank is signalled,
                                     so a rank still starting up cannot die of it; the sbatch script writes it too,
                                     before it forwards the signal: there rank 0's SIGTERM without it is srun's
@@ -28,8 +30,9 @@ boundary a resume moves.
 Once its role has ended (run_root returned, the cell said Bye) a rank ignores both signals until it exits
 (``Preemption.ignore``): its exit status is its own, never the default action of a late signal during MPI_Finalize.
 
-Engines and the proxy ignore SIGUSR1 (``serving.serve_announced``): under SLURM a signal to the step reaches
-every process of it. ``kill -USR2 PID`` dumps a rank's stacks (``live/rank.py``).
+Engines and the proxy ignore SIGUSR1 (and submitit's time-limit signal on its tasks) (``serving.serve_announced``):
+under SLURM a signal to the step reaches every process of it. ``kill -USR2 PID`` dumps a rank's stacks
+(``live/rank.py``; ``kill -QUIT PID`` on submitit's tasks, where USR2 is the time limit: gyre_hpc.rank_signals).
 
 Invariants (tests/integration/test_preempt_resume.py)
 - The resume state is consistent: the checkpoint, the version, the step records and the SchedState counters
@@ -45,10 +48,11 @@ import signal
 from pathlib import Path
 from typing import Callable
 
-from gyre_hpc import preempt_request, resume
+from gyre_hpc import preempt_request, rank_signals, resume
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.allocator.batches import FixedBatches
 
+#: the preemption signals of every path; submitit's SLURM tasks add the time-limit signal (gyre_hpc.rank_signals)
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 #: the file ``gyre train`` (or the sbatch script) writes into RUN_DIR when it is preempted (its content: the
 #: signal's name); its one home is gyre_hpc.preempt_request
@@ -61,14 +65,17 @@ PENDING_STEP_TIMEOUT_S = 120.0
 class Preemption:
     """The first preemption signal a rank receives; ``on_signal`` runs inside the handler (keep it tiny)."""
 
-    def __init__(self, on_signal: Callable[[], None] = lambda: None, clock: Clock | None = None):
+    def __init__(self, on_signal: Callable[[], None] = lambda: None, clock: Clock | None = None,
+                 signals: tuple[signal.Signals, ...] | None = None):
         self.signal: str | None = None
         self.at: float | None = None  # on ``clock`` (WallClock.now is safe inside a signal handler)
         self.on_signal = on_signal
         self.clock = clock or WallClock()
+        #: the signals ``install`` catches and ``ignore`` ignores: this process's (gyre_hpc.rank_signals)
+        self.signals = signals if signals is not None else rank_signals.current().nums(rank_signals.current().preempt)
 
     def install(self) -> "Preemption":
-        for s in SIGNALS:
+        for s in self.signals:
             signal.signal(s, self._handler)
         return self
 
@@ -104,7 +111,7 @@ class Preemption:
         Python handler its default action back when the interpreter finalizes, and MPI_Finalize runs after that:
         a late SIGUSR1/SIGTERM (mpirun or srun ending the other ranks once one exited 75) would kill a rank that
         was exiting in order. SIGKILL still ends a rank that hangs."""
-        for s in SIGNALS:
+        for s in self.signals:
             signal.signal(s, signal.SIG_IGN)
 
     @property

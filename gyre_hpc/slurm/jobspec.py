@@ -77,7 +77,7 @@ def train_parameters(cfg: GyreConfig, run_dir: str | Path) -> dict[str, Any]:
     """Keywords of a live training job on SLURM: the allocation, one pmix world of 1 + K tasks."""
     layout = plan(cfg.cluster, local_nodes(cfg.cluster))  # LayoutError before anything is submitted
     srun = [a for a in layout.control_srun_args() if not a.startswith("--nodelist=")]
-    _, warn_s = parse_signal(cfg.slurm.signal)
+    _, warn_s = parse_signal(cfg.slurm.signal)  # submitit writes --signal=USR2@warn_s (its own signal: rank_signals)
     params = {**_site(cfg), "timeout_min": timeout_minutes(cfg), "nodes": node_count(cfg), "tasks_per_node": 1,
               "cpus_per_task": cfg.slurm.cpus_per_task, "slurm_srun_args": srun,
               "slurm_setup": setup_lines(cfg, run_dir), "slurm_signal_delay_s": warn_s}

@@ -1,8 +1,11 @@
-"""The submitit task of a SLURM training job, requeued with automatic resume when it is preempted (edge: submitit).
+"""The submitit task of a SLURM training job, requeued with automatic resume when it is preempted or reaches its
+time limit (edge: submitit).
 
 ``TrainRank`` is ``submit_tasks.train_rank`` as a ``submitit.helpers.Checkpointable``::
 
-    the step gets SIGUSR1 or SIGTERM (a preemption: ``scancel --signal=USR1 JOBID``, srun's signal)
+    the step gets SIGUSR1 or SIGTERM (a preemption: ``scancel --signal=USR1 JOBID``, srun's signal), or the signal
+    submitit's sbatch asks for N seconds before the time limit (``--signal=USR2@N``, N = slurm.signal's seconds;
+    gyre_hpc.rank_signals: on submitit's tasks USR2 is a preemption, and the stack dump is SIGQUIT)
       every rank: the live run stops in order, rank 0 writes RUN_DIR/resume, every rank returns exit 75
       rank 0 (after its role ended, the state on disk): ``checkpoint()`` -> DelayedSubmission(self, config, run_dir)
               stored as submitit's own handler stores it (``job_environment._checkpoint``), then
@@ -11,15 +14,19 @@
     SLURM runs the same job id again: every rank starts on RUN_DIR, which holds the resume state, and resumes;
     rank 0 returns the summary of all segments (``segments`` counts them) when the run finishes.
 
-Why not from submitit's signal handler: it runs in the main thread, which is the allocator loop's; it cannot wait
-there for the resume state, and its ``sys.exit`` would end rank 0 mid-step. submitit's USR2 (``--signal=USR2@N``
-before the time limit) is not a preemption here: a rank's USR2 dumps its stacks (jobs/train.py), and a job
-that reaches its time limit is not requeued (docs/reliability.md).
+The time limit counts as submitit counts it: a requeue after the time-limit signal spends one of the job's
+timeouts (the executor's ``max_num_timeout``, 3 by default; ``requeue_countdown``), a preemption spends none; a
+job out of timeouts is not requeued and fails saying where its resume state is (``gyre train --resume``).
 
-Invariants (tests/integration/test_submitit_requeue.py, marker slurm)
+Why not from submitit's signal handler: it runs in the main thread, which is the allocator loop's; it cannot wait
+there for the resume state, and its ``sys.exit`` would end rank 0 mid-step.
+
+Invariants (tests/integration/test_submitit_requeue.py, marker slurm; tests/unit/test_rank_signals.py)
 - A preempted submitit job is requeued under the same job id and its run finishes with every step, in two
-  segments, with ``run.result()`` returning the summary.
+  segments, with ``run.result()`` returning the summary; so is one that reaches its time limit (its
+  ``preempted`` event names the time-limit signal).
 - ``checkpoint`` returns a resubmission of the same callable with the same config and RUN_DIR.
+- Only the time-limit signal spends a timeout; with none left the job is not requeued.
 """
 from __future__ import annotations
 
@@ -27,12 +34,19 @@ from typing import Any
 
 from submitit.helpers import Checkpointable
 
+from gyre_hpc import rank_signals
 from gyre_hpc.errors import GyreError
 from gyre_hpc.resume import PREEMPTED_EXIT
-from gyre_hpc.slurm.submit_tasks import PREEMPTED, train_rank
+from gyre_hpc.slurm.submit_tasks import Preempted, train_rank
 
 
-def _requeue_preempted(callable_, config: str, run_dir: str) -> None:
+def requeue_countdown(countdown: int, signal_name: str | None, signals: rank_signals.RankSignals) -> int:
+    """The timeouts left after this requeue, as submitit's ``checkpoint_and_try_requeue`` counts them: the
+    time-limit signal spends one, a preemption none; below 0 the job is not requeued."""
+    return countdown - int(signals.is_time_limit(signal_name))
+
+
+def _requeue_preempted(callable_, config: str, run_dir: str, signal_name: str | None) -> None:
     """Rank 0 after a preemption with its resume state saved: what submitit's own signal handler does for a
     ``Checkpointable`` (store ``checkpoint()``'s resubmission, ``scontrol requeue``), done once the state is on
     disk rather than inside the handler (the handler would run in the allocator loop's thread, mid-step)."""
@@ -41,7 +55,11 @@ def _requeue_preempted(callable_, config: str, run_dir: str) -> None:
 
     env = submitit.JobEnvironment()
     delayed = utils.DelayedSubmission.load(env.paths.submitted_pickle)
-    countdown = delayed._timeout_countdown  # a preemption, not a timeout: the timeout budget is kept
+    countdown = requeue_countdown(delayed._timeout_countdown, signal_name, rank_signals.current())
+    if countdown < 0:
+        raise GyreError(f"reached its time limit ({signal_name}) more times than submitit's max_num_timeout "
+                        f"allows: not requeued; the resume state is in {run_dir}/resume: continue with "
+                        f"gyre train CONFIG --resume {run_dir}, or submit with a longer slurm.time")
     delayed.function = callable_
     why = job_environment._checkpoint(delayed, env.paths.submitted_pickle, countdown)
     if why:
@@ -51,15 +69,16 @@ def _requeue_preempted(callable_, config: str, run_dir: str) -> None:
 
 
 class TrainRank(Checkpointable):
-    """The SLURM task of a submitit training job (one rank), requeued with automatic resume when preempted."""
+    """The SLURM task of a submitit training job (one rank), requeued with automatic resume when preempted or at
+    its time limit."""
 
     def __call__(self, config: str, run_dir: str) -> dict[str, Any] | None:
         import submitit
 
         out = train_rank(config, run_dir, allow_preempted=True)
-        if out is PREEMPTED and submitit.JobEnvironment().global_rank == 0:
-            _requeue_preempted(self, config, run_dir)
-        return None if out is PREEMPTED else out
+        if isinstance(out, Preempted) and submitit.JobEnvironment().global_rank == 0:
+            _requeue_preempted(self, config, run_dir, out.signal)
+        return None if isinstance(out, Preempted) else out
 
     def checkpoint(self, config: str, run_dir: str):
         """The same rank function on the same RUN_DIR: a rank started on a RUN_DIR with a resume state resumes."""

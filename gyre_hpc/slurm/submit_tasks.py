@@ -4,8 +4,10 @@
   ``submitit.JobEnvironment()``, checks that it agrees with the MPI world and with the layout's placement of
   that rank, then runs the rank's role through ``gyre train``'s own rank entry point (``gyre_hpc.live.rank``).
   Rank 0 returns the run's summary (summary.json); the other ranks return None.
-  With ``allow_preempted`` a rank that stopped for a preemption returns ``PREEMPTED`` instead (the submitit
-  job's ``TrainRank``, gyre_hpc/slurm/submit_requeue.py, then requeues the job).
+  With ``allow_preempted`` a rank that stopped for a preemption returns ``Preempted(signal)`` instead (the
+  submitit job's ``TrainRank``, gyre_hpc/slurm/submit_requeue.py, then requeues the job). The preemption signals
+  are caught from the task's first line (``early_preemption``, before MPI_Init), with their meaning on
+  submitit's tasks: SIGTERM, SIGUSR1, and submitit's time-limit signal (gyre_hpc.rank_signals).
 - ``train_local``: the local executor's job: ``gyre train``'s mpirun launcher (``gyre_hpc.live.launch``) with
   1 + K ranks on this machine, then the summary.
 - ``simulate_element``: one ``gyre sweep --simulate`` element: ``compare`` on the element's config, one row.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +29,12 @@ from gyre_hpc.config import load_config
 from gyre_hpc.errors import GyreError, LayoutError
 from gyre_hpc.resume import PREEMPTED_EXIT
 
-#: what ``train_rank`` returns for a rank that stopped for a preemption with the resume state saved
-PREEMPTED = "preempted"
+@dataclass(frozen=True)
+class Preempted:
+    """What ``train_rank`` returns for a rank that stopped for a preemption with the resume state saved."""
+
+    signal: str | None
+    """The preemption's signal as this rank noted it (``SIGUSR1``; ``SIGUSR2``: submitit's time-limit warning)."""
 
 
 def _args(config: str, run_dir: str) -> argparse.Namespace:
@@ -52,7 +59,10 @@ def check_world(job_rank: int, job_tasks: int, mpi_rank: int, mpi_size: int, cel
                           f"{mpi_size}: the tasks did not form one MPI world; {fix}")
 
 
-def train_rank(config: str, run_dir: str, allow_preempted: bool = False) -> dict[str, Any] | None:
+def train_rank(config: str, run_dir: str, allow_preempted: bool = False) -> dict[str, Any] | Preempted | None:
+    from gyre_hpc.live.rank import early_preemption
+
+    preemption = early_preemption(rank=True)  # before MPI_Init (the mpi4py import) and the heavy imports
     import submitit
     from mpi4py import MPI
 
@@ -66,9 +76,9 @@ def train_rank(config: str, run_dir: str, allow_preempted: bool = False) -> dict
     check_world(job.global_rank, job.num_tasks, world.Get_rank(), world.Get_size(), cfg.cluster.cells)
     env = slurm_env.from_environ()
     plan_from_env(cfg.cluster, env).placement_from_env(env)  # on the node the layout gives this rank
-    code = run_rank(cfg, _args(config, run_dir))
+    code = run_rank(cfg, _args(config, run_dir), preemption)
     if allow_preempted and code == PREEMPTED_EXIT:
-        return PREEMPTED
+        return Preempted(preemption.signal)
     return _summary(Path(run_dir), "srun") if job.global_rank == 0 else None
 
 

@@ -4,6 +4,10 @@ save RUN_DIR/resume and exit 75; rank 0's ``TrainRank`` (a submitit ``Checkpoint
 ``checkpoint()`` resubmission and requeues the job; the same job id runs again on the same RUN_DIR, resumes and
 finishes, and ``run.result()`` is the summary of both segments.
 
+The same for a job that reaches its time limit: nobody signals it; SLURM sends submitit's time-limit signal
+(``#SBATCH --signal=USR2@N``) to every task N seconds before the limit, which is a preemption on submitit's tasks
+(gyre_hpc.rank_signals): the ranks save and exit 75, rank 0 requeues the job, spending one of submitit's timeouts.
+
 SLURM holds a requeued job for about two minutes (its BeginTime); the test lifts the hold with
 ``scontrol update JobId=J StartTime=now`` as an administrator would (as test_slurm_preempt.py does)."""
 import json
@@ -19,7 +23,7 @@ from gyre_hpc.slurm.submit_requeue import TrainRank
 from slurm_cluster import ROOT, local_slurm  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow,
-              pytest.mark.timeout(1500)]
+              pytest.mark.timeout(2400)]
 
 STEPS = 3
 LIVE = {"cluster.cells": 2, "allocator.steps": STEPS, "scheduler.policy": "async", "scheduler.async_train_cells": 1,
@@ -77,3 +81,38 @@ def test_a_preempted_submitit_job_is_requeued_and_resumes_to_the_end(local_slurm
     assert res["steps_done"] == pre["steps_done"] and res["version"] == pre["version"]
     steps = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+
+
+#: 5 minutes with submitit's signal 120 s before the limit: SLURM sends USR2 between 120 and 180 s after the start
+#: (up to 60 s early: sbatch(1), --signal). Ranks start in 25-130 s here; one step takes ~10 s or more (two groups
+#: at a time, max_window_batches=1, each of two ~5 s tool calls a run), so 20 steps are still running then.
+TL_STEPS = 20
+TIME_LIMITED = {**LIVE, "allocator.steps": TL_STEPS, "slurm.time": "00:05:00", "slurm.signal": "USR2@120",
+                "scheduler.max_window_batches": 1, "agent.turns": [2, 2], "agent.tool_time_median_s": 5.0,
+                "agent.tool_time_sigma": 0.2}
+
+
+def test_a_submitit_job_that_reaches_its_time_limit_is_requeued_and_resumes_to_the_end(local_slurm, tmp_path):
+    run = gyre_hpc.submit(str(ROOT / "configs" / "local_4node.yaml"), TIME_LIMITED, executor="slurm",
+                          **{"run.out_dir": str(tmp_path / "runs"), "run.name": "timelimit"})
+    script = (run.run_dir / "submitit" / f"{run.job_id}_submission.sh").read_text()
+    assert "#SBATCH --signal=USR2@120" in script and "#SBATCH --time=5" in script
+    # nothing is sent to the job: SLURM's time-limit signal comes, the ranks save, rank 0 requeues
+    wait_until(lambda: "Restarts=1" in job(run.job_id) or ended(run.job_id), "the time-limit requeue")
+    assert "Restarts=1" in job(run.job_id), job(run.job_id)
+    wait_until(lambda: "JobState=PENDING" in job(run.job_id) or ended(run.job_id), "the requeued job to pend", 120)
+    time.sleep(3)  # a start in the second of the requeue fails: "Job credential revoked"
+    # the hold lifted, and the limit too: a second segment that reached it again would be requeued again (up to
+    # submitit's max_num_timeout times), but this test follows one time-limit requeue and the run to its end
+    subprocess.run(["scontrol", "update", f"JobId={run.job_id}", "StartTime=now", "TimeLimit=30"], check=True)
+    summary = run.result(timeout_s=TIMEOUT_S)
+    assert summary["steps"] == TL_STEPS and summary["segments"] == 2
+    events = read_events(run.run_dir / "events.jsonl")
+    (pre,) = [e for e in events if e["event"] == "preempted"]
+    (res,) = [e for e in events if e["event"] == "resumed"]
+    assert pre["signal"] == "SIGUSR2" and 0 <= pre["steps_done"] < TL_STEPS
+    assert res["steps_done"] == pre["steps_done"] and res["version"] == pre["version"]
+    steps = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == list(range(1, TL_STEPS + 1))
+    rank0 = (run.run_dir / "submitit" / f"{run.job_id}_0_log.out").read_text()  # submitit's log
+    assert f"Requeued job {run.job_id} (2 remaining timeouts)" in rank0  # the time limit spent one of 3
