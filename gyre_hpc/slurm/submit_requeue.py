@@ -14,6 +14,12 @@ time limit (edge: submitit).
     SLURM runs the same job id again: every rank starts on RUN_DIR, which holds the resume state, and resumes;
     rank 0 returns the summary of all segments (``segments`` counts them) when the run finishes.
 
+A SIGTERM is a preemption (SLURM's own: the job keeps RUNNING through its GraceTime) or srun's teardown after a
+lost rank (the job keeps RUNNING), but also ``scancel JOBID``, which a user means as the end: the job is then
+CANCELLED at once (``scontrol`` shows it COMPLETING while its processes end). So after a SIGTERM rank 0 asks the
+job's state before it requeues (``cancelled``): a job no longer RUNNING is not requeued; the resume state stays
+and the task fails saying so. (submitit's own handler never takes SIGTERM: it bypasses it.)
+
 The time limit counts as submitit counts it: a requeue after the time-limit signal spends one of the job's
 timeouts (the executor's ``max_num_timeout``, 3 by default; ``requeue_countdown``), a preemption spends none; a
 job out of timeouts is not requeued and fails saying where its resume state is (``gyre train --resume``).
@@ -27,6 +33,7 @@ Invariants (tests/integration/test_submitit_requeue.py, marker slurm; tests/unit
   ``preempted`` event names the time-limit signal).
 - ``checkpoint`` returns a resubmission of the same callable with the same config and RUN_DIR.
 - Only the time-limit signal spends a timeout; with none left the job is not requeued.
+- A SIGTERM to a job that is no longer RUNNING (``scancel``) is never requeued (``cancelled``).
 """
 from __future__ import annotations
 
@@ -46,6 +53,26 @@ def requeue_countdown(countdown: int, signal_name: str | None, signals: rank_sig
     return countdown - int(signals.is_time_limit(signal_name))
 
 
+def cancelled(signal_name: str | None, job_state: str | None) -> bool:
+    """The preemption was ``scancel``: a SIGTERM while the job is no longer RUNNING (``job_state`` as ``scontrol
+    show job`` gives it: COMPLETING or CANCELLED after scancel; None: unknown, taken as running)."""
+    return signal_name == "SIGTERM" and job_state is not None and job_state != "RUNNING"
+
+
+def job_state(job_id: str) -> str | None:
+    """The job's state as ``scontrol show job`` prints it (RUNNING, COMPLETING, ...); None if scontrol fails."""
+    import re
+    import subprocess
+
+    try:
+        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"\bJobState=(\S+)", out)
+    return found.group(1) if found else None
+
+
 def _requeue_preempted(callable_, config: str, run_dir: str, signal_name: str | None) -> None:
     """Rank 0 after a preemption with its resume state saved: what submitit's own signal handler does for a
     ``Checkpointable`` (store ``checkpoint()``'s resubmission, ``scontrol requeue``), done once the state is on
@@ -54,6 +81,9 @@ def _requeue_preempted(callable_, config: str, run_dir: str, signal_name: str | 
     from submitit.core import job_environment, utils
 
     env = submitit.JobEnvironment()
+    if cancelled(signal_name, state := job_state(env.job_id)):
+        raise GyreError(f"cancelled (SIGTERM with the job {state}: scancel), not requeued; the resume state is in "
+                        f"{run_dir}/resume: continue with gyre train CONFIG --resume {run_dir}")
     delayed = utils.DelayedSubmission.load(env.paths.submitted_pickle)
     countdown = requeue_countdown(delayed._timeout_countdown, signal_name, rank_signals.current())
     if countdown < 0:

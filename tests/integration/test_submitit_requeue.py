@@ -6,7 +6,9 @@ finishes, and ``run.result()`` is the summary of both segments.
 
 The same for a job that reaches its time limit: nobody signals it; SLURM sends submitit's time-limit signal
 (``#SBATCH --signal=USR2@N``) to every task N seconds before the limit, which is a preemption on submitit's tasks
-(gyre_hpc.rank_signals): the ranks save and exit 75, rank 0 requeues the job, spending one of submitit's timeouts.
+(gyre_hpc.rank_signals): the ranks save and exit 75, rank 0 requeues the job, spending one of submitit's timeouts;
+the test follows the resumed segment to its first step, then cancels the job with ``scancel``, which is not
+requeued (a SIGTERM to a job no longer RUNNING; the USR1 test runs its resume to the end).
 
 SLURM holds a requeued job for about two minutes (its BeginTime); the test lifts the hold with
 ``scontrol update JobId=J StartTime=now`` as an administrator would (as test_slurm_preempt.py does)."""
@@ -54,6 +56,12 @@ def started(run) -> bool:
     return path.is_file() and any(e["event"] == "started" for e in read_events(path))
 
 
+def stepped_after_resume(run) -> bool:
+    path = run.run_dir / "events.jsonl"
+    kinds = [e["event"] for e in read_events(path)] if path.is_file() else []
+    return "resumed" in kinds and "step" in kinds[kinds.index("resumed"):]
+
+
 def test_checkpoint_resubmits_the_same_rank_function_on_the_same_run_dir():
     task = TrainRank()
     again = task.checkpoint("config.yaml", "/runs/r")
@@ -92,7 +100,7 @@ TIME_LIMITED = {**LIVE, "allocator.steps": TL_STEPS, "slurm.time": "00:05:00", "
                 "agent.tool_time_sigma": 0.2}
 
 
-def test_a_submitit_job_that_reaches_its_time_limit_is_requeued_and_resumes_to_the_end(local_slurm, tmp_path):
+def test_a_submitit_job_that_reaches_its_time_limit_is_requeued_and_its_resumed_segment_trains_on(local_slurm, tmp_path):
     run = gyre_hpc.submit(str(ROOT / "configs" / "local_4node.yaml"), TIME_LIMITED, executor="slurm",
                           **{"run.out_dir": str(tmp_path / "runs"), "run.name": "timelimit"})
     script = (run.run_dir / "submitit" / f"{run.job_id}_submission.sh").read_text()
@@ -103,16 +111,20 @@ def test_a_submitit_job_that_reaches_its_time_limit_is_requeued_and_resumes_to_t
     wait_until(lambda: "JobState=PENDING" in job(run.job_id) or ended(run.job_id), "the requeued job to pend", 120)
     time.sleep(3)  # a start in the second of the requeue fails: "Job credential revoked"
     # the hold lifted, and the limit too: a second segment that reached it again would be requeued again (up to
-    # submitit's max_num_timeout times), but this test follows one time-limit requeue and the run to its end
+    # submitit's max_num_timeout times), but this test follows one time-limit requeue into the resumed segment
     subprocess.run(["scontrol", "update", f"JobId={run.job_id}", "StartTime=now", "TimeLimit=30"], check=True)
-    summary = run.result(timeout_s=TIMEOUT_S)
-    assert summary["steps"] == TL_STEPS and summary["segments"] == 2
+    # one step trained after the resume shows that it resumed and trains on (the USR1 test above, and the
+    # gyre-train preemption tests, run resumed segments to the end): then the job is cancelled, ~2 min sooner
+    wait_until(lambda: stepped_after_resume(run) or ended(run.job_id), "a step of the resumed segment")
+    subprocess.run(["scancel", run.job_id], check=True)  # a cancel, not a preemption: not requeued again
+    wait_until(lambda: ended(run.job_id), "the cancelled job to end", 120)
+    assert "JobState=CANCELLED" in job(run.job_id) and "Restarts=1" in job(run.job_id), job(run.job_id)
     events = read_events(run.run_dir / "events.jsonl")
     (pre,) = [e for e in events if e["event"] == "preempted"]
     (res,) = [e for e in events if e["event"] == "resumed"]
     assert pre["signal"] == "SIGUSR2" and 0 <= pre["steps_done"] < TL_STEPS
     assert res["steps_done"] == pre["steps_done"] and res["version"] == pre["version"]
-    steps = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps] == list(range(1, TL_STEPS + 1))
+    steps = [json.loads(line)["step"] for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) > pre["steps_done"]  # numbered on, no gap
     rank0 = (run.run_dir / "submitit" / f"{run.job_id}_0_log.out").read_text()  # submitit's log
     assert f"Requeued job {run.job_id} (2 remaining timeouts)" in rank0  # the time limit spent one of 3
