@@ -13,15 +13,14 @@ The load a run sees at time t is the size-biased mean of the runs per cell, ``su
 The proxy counts a run on a cell while it has a call there, so this is the engine's own load (requests), the
 ``n`` of ``capacity.engine_load``; the simulator, which places whole runs, derives it with ``sim.load_model:
 calls`` (the replay sets it).
-The tool fraction (nominal time not on an engine, not slowed by load) comes from the TITO call records:
-``run time - call time`` is tool time; the calls' nominal time is their wall time divided by the engine
-stretch at the load of the moment.
+A run with TITO call records (``tito/q<gid>.jsonl``) gets its nominal work exactly: the time outside its calls
+counts as it was (tool waits, the harness: not slowed by load), each call's time is divided by the engine stretch
+of its moment. The tool fraction of those runs (tool seconds / nominal seconds) is the one the simulator blends
+with (``Workload.tool_frac``); a run without call records is de-loaded through that blend::
 
-::
-
-    load L(t)      ___|‾‾‾‾‾|_____|‾‾|___     step function between runs records
-    rate r(L)      1 / (tool_frac + (1 - tool_frac) x stretch(L))        (capacity.speed_factor)
-    nominal work   W(t0, t1) = integral of r(L(t)) dt over [t0, t1]
+    load L(t)      ___|‾‾‾‾‾|_____|‾‾|___     step function between runs records (0 while paused)
+    with calls     W = (duration - call time) + sum over calls of integral of 1 / stretch(L(t)) dt
+    without        W = integral of 1 / (tool_frac + (1 - tool_frac) stretch(L(t))) dt   (capacity.speed_factor)
 
 Invariants (tests/unit/test_sim_engine_load.py)
 - With no load (or an unbounded half_load) the nominal work equals the duration.
@@ -104,28 +103,30 @@ class Curve:
         return series.integral(self.rate, t0, t1)
 
 
-def call_intervals(tito_dir: Path) -> np.ndarray:
-    """(t_start, t_end) of every recorded model call of a run directory's TITO files; empty if none."""
-    out = []
-    for f in sorted(tito_dir.glob("*.jsonl")) if tito_dir.is_dir() else []:
+def calls_by_run(tito_dir: Path) -> dict[tuple[int, int], np.ndarray]:
+    """(t_start, t_end) rows of the model calls of run i of group g, keyed (g, i): the group's file is
+    ``q<gid>.jsonl`` (``proxy.recorder.group_file``), the run's id ends in ``-r<i>``; empty if there is no TITO."""
+    out: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for f in sorted(tito_dir.glob("q*.jsonl")) if tito_dir.is_dir() else []:
+        if not f.stem[1:].isdigit():
+            continue
+        gid = int(f.stem[1:])
         for line in f.read_text().splitlines():
             try:
                 rec = json.loads(line)
             except ValueError:
                 continue  # a torn line: the replay reads timings, not tokens
-            if rec.get("type") == "call" and isinstance(rec.get("t_start"), (int, float)) \
+            run, _, idx = str(rec.get("run_id", "")).rpartition("-r")
+            if rec.get("type") == "call" and run and idx.isdigit() and isinstance(rec.get("t_start"), (int, float)) \
                     and isinstance(rec.get("t_end"), (int, float)):
-                out.append((float(rec["t_start"]), float(rec["t_end"])))
-    return np.array(out, dtype=float).reshape(-1, 2)
+                out.setdefault((gid, int(idx)), []).append((float(rec["t_start"]), float(rec["t_end"])))
+    return {k: np.array(v, dtype=float) for k, v in out.items()}
 
 
-def tool_fraction(series: LoadSeries, half_load: float, slots: float, calls: np.ndarray, run_s: float) -> float:
-    """Share of nominal run time spent off the engine: (run time - call time) / (that + the calls' nominal time).
-    0 without call records (every second of a run counted as engine time)."""
-    if calls.size == 0 or run_s <= 0:
-        return 0.0
+def run_nominal(series: LoadSeries, half_load: float, slots: float, duration_s: float,
+                calls: np.ndarray) -> tuple[float, float]:
+    """(nominal work, tool seconds) of a run with its call intervals: the time outside calls counts as it was
+    (tool waits, the harness), each call's time is divided by the engine stretch of its moment."""
     engine = Curve(half_load, slots, 0.0)
-    call_wall = float(np.sum(calls[:, 1] - calls[:, 0]))
-    call_nominal = float(np.sum(engine.nominal(series, calls[:, 0], calls[:, 1])))
-    tool = max(run_s - call_wall, 0.0)
-    return tool / (tool + call_nominal) if tool + call_nominal > 0 else 0.0
+    tool = max(duration_s - float(np.sum(calls[:, 1] - calls[:, 0])), 0.0)
+    return tool + float(np.sum(engine.nominal(series, calls[:, 0], calls[:, 1]))), tool

@@ -50,7 +50,7 @@ import numpy as np
 from gyre_hpc.allocator.eventlog import read_events
 from gyre_hpc.allocator.policies import validate
 from gyre_hpc.allocator.sim.compare import queries_needed, simulate_policy
-from gyre_hpc.allocator.sim.engine_load import Curve, LoadSeries, call_intervals, tool_fraction
+from gyre_hpc.allocator.sim.engine_load import Curve, LoadSeries, calls_by_run, run_nominal
 from gyre_hpc.allocator.sim.workload import Workload
 from gyre_hpc.config import GyreConfig, apply_overrides, build, read_yaml, to_dict
 from gyre_hpc.errors import ConfigError, GyreError, SchedulingError, WorkloadError
@@ -192,9 +192,12 @@ def _mean(xs: Sequence[float], default: float = 0.0) -> float:
     return float(np.mean(xs)) if len(xs) else default
 
 
-def _workload(groups: list[dict], timeout_s: float, load: tuple[Curve, LoadSeries] | None = None) -> Workload:
-    """One trace run per live run; with ``load`` (the engines' curve and the measured load) each duration becomes
-    nominal work (``sim/engine_load.py``), else it is taken as measured."""
+_Load = tuple[Curve, LoadSeries, dict]  # the engines' curve, the measured load, call intervals per (gid, run)
+
+
+def _workload(groups: list[dict], timeout_s: float, load: _Load | None = None) -> Workload:
+    """One trace run per live run; with ``load`` each duration becomes nominal work (``sim/engine_load.py``: exactly
+    from its calls where the TITO has them, else through the curve's tool fraction), else it is taken as measured."""
     known = [g["tokens"] for g in groups if not g["censored"]]
     fill = _mean(known)
     work, rate = [], []
@@ -202,7 +205,7 @@ def _workload(groups: list[dict], timeout_s: float, load: tuple[Curve, LoadSerie
         per_run = (fill if g["censored"] else g["tokens"]) / len(g["end_s"])
         ends = np.maximum(np.array(g["end_s"], dtype=float), 1e-6)
         if load is not None:
-            ends = np.maximum(load[0].nominal(load[1], np.full(len(ends), g["t_order"]), g["t_order"] + ends), 1e-6)
+            ends = np.maximum([_nominal(load, g, i, e) for i, e in enumerate(ends.tolist())], 1e-6)
         for w, out in zip(ends.tolist(), g["timed_out"]):
             work.append(math.inf if out else w)
             rate.append(per_run / (max(timeout_s, w) if out and load is None else w))
@@ -211,21 +214,32 @@ def _workload(groups: list[dict], timeout_s: float, load: tuple[Curve, LoadSerie
     return Workload(np.array(work), np.array(rate), np.full(len(work), math.inf), offsets, tool_frac)
 
 
-def _engine_load(run: LiveRun) -> tuple[tuple[Curve, LoadSeries] | None, dict[str, Any]]:
+def _nominal(load: _Load, g: dict, i: int, end: float) -> float:
+    curve, series, calls = load
+    mine = calls.get((g["gid"], i))
+    if mine is not None and not g["censored"]:
+        return run_nominal(series, curve.half_load, curve.slots, end, mine)[0]
+    return float(curve.nominal(series, np.array([g["t_order"]]), np.array([g["t_order"] + end]))[0])
+
+
+def _engine_load(run: LiveRun) -> tuple[_Load | None, dict[str, Any]]:
     """The engines' load curve and the measured load, when both are known: an emulated device (engine.device_tick_s
-    > 0: its curve is the config's) and ``runs`` records in the event log. Else None (durations as measured)."""
+    > 0: its curve is the config's) and ``runs`` records in the event log. Else None (durations as measured).
+    The tool fraction is that of the runs with call records (0 without any)."""
     eng = run.cfg.engine
     series = LoadSeries.from_events(run.events)
     if eng.device_tick_s <= 0 or series is None:
         why = "no emulated device (engine.device_tick_s 0)" if eng.device_tick_s <= 0 else "no runs records"
         return None, {"engine_load": None, "engine_load_why_not": why}
-    calls = call_intervals(run.path / "tito")
-    run_s = sum(sum(g["end_s"]) for g in run.groups if not g["censored"])
+    calls = calls_by_run(run.path / "tito")
     slots = float(eng.max_running_requests)
-    curve = Curve(eng.device_half_load, slots, tool_fraction(series, eng.device_half_load, slots, calls, run_s))
-    return (curve, series), {"engine_load": {"half_load": curve.half_load, "slots": eng.max_running_requests,
-                                             "tool_frac": curve.tool_frac, "calls": int(len(calls)),
-                                             "mean_load": float(np.mean(series.load))}}
+    parts = [run_nominal(series, eng.device_half_load, slots, e, calls[(g["gid"], i)])
+             for g in run.groups if not g["censored"] for i, e in enumerate(g["end_s"]) if (g["gid"], i) in calls]
+    nominal, tool = sum(p[0] for p in parts), sum(p[1] for p in parts)
+    curve = Curve(eng.device_half_load, slots, tool / nominal if nominal > 0 else 0.0)
+    return (curve, series, calls), {"engine_load": {"half_load": curve.half_load, "slots": eng.max_running_requests,
+                                                    "tool_frac": curve.tool_frac, "runs_with_calls": len(parts),
+                                                    "mean_load": float(np.mean(series.load))}}
 
 
 def _switches(events: list[dict], core: int) -> tuple[dict[str, float], list[str]]:
