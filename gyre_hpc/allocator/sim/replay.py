@@ -14,7 +14,9 @@ What the simulator gets (``calibrate``)::
     workload   one trace run per live run, in admission order; duration = the run's end - its group's admission
                order (events.jsonl) + the group's TITO flush and batch build (groups.jsonl: t_ready - last run end),
                measured under the live engines' load, so the simulator does not stretch it again
-               (sim.half_load, sim.kv_slots_per_cell: unbounded); a run that timed out never finishes; a group
+               (sim.half_load, sim.kv_slots_per_cell: unbounded) -- except on an emulated device (engine.device_tick_s
+               > 0) with ``runs`` records: then the measured load is taken out of each duration and the device's
+               curve given to the simulator (``sim/engine_load.py``, ``_engine_load``); a run that timed out never finishes; a group
                still running at the stop lasts at least until the stop (censored there); tokens per run = the
                group's trained tokens / runs, all trained
     training   sim.train_tok_s_per_cell = sum of trained tokens / sum of the cells' reported work_s;
