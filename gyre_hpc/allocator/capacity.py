@@ -68,6 +68,8 @@ def speed_factor(load: float, half_load: float, tool_frac: float, slots: float =
     """Progress rate of one run at ``load`` concurrent runs (1.0 = unloaded engine) on an engine that decodes at
     most ``slots`` requests at once (the others wait their turn). ``calls_only``: only the runs inside a model
     call load the engine (``engine_load``); else every run on the cell does (the paper's fitted model)."""
+    if not calls_only and load <= slots:  # the common case (every run loads the engine, below its slots)
+        return 1.0 / (tool_frac + (1.0 - tool_frac) * (1.0 + load / half_load))
     n = engine_load(load, half_load, tool_frac, slots) if calls_only else load
     return 1.0 / (tool_frac + (1.0 - tool_frac) * _stretch(n, half_load, slots))
 
