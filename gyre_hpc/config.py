@@ -556,6 +556,13 @@ class SimConfig:
     prefill_tok_s: float = param(5000.0, "Per-request prefill tokens/s of an unloaded engine.")
     half_load: float = param(64.0, "Concurrent runs per cell at which per-request engine speed halves.")
     kv_slots_per_cell: int = param(256, "Hard limit of concurrent runs per rollout cell (KV cache); more wait.")
+    engine_slots: int | None = param(
+        None, "Requests one engine decodes at once (a live engine's max_running_requests); more runs on a cell "
+              "take turns (each gets engine_slots / runs of the engine). null = no limit below kv_slots_per_cell.")
+    load_model: Literal["runs", "calls"] = param(
+        "runs", "What loads an engine: runs = every run on the cell (the paper's fit); calls = only the runs inside "
+                "a model call, tool waits free the engine (the live engine's running requests; a replay of an "
+                "emulated device uses it).")
     train_tok_s_per_cell: float = param(50000.0, "Training tokens/s (forward+backward) of one cell.")
     optimizer_s: float = param(30.0, "Seconds the core needs to apply one optimizer step.")
     weight_bytes: float = param(1e9, "Bytes of the model weights a satellite pulls from the core.")
@@ -571,6 +578,8 @@ class SimConfig:
         require(len(set(self.policies)) == len(self.policies), "policies", "must not repeat a policy")
         for key in ("steps", "kv_slots_per_cell", "max_events"):
             require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
+        require(self.engine_slots is None or self.engine_slots >= 1, "engine_slots",
+                f"must be >= 1 or null, got {self.engine_slots}")
         for key in ("decode_tok_s", "prefill_tok_s", "half_load", "train_tok_s_per_cell", "weight_bytes",
                     "pull_bytes_per_s"):
             require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")

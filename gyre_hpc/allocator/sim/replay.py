@@ -14,7 +14,9 @@ What the simulator gets (``calibrate``)::
     workload   one trace run per live run, in admission order; duration = the run's end - its group's admission
                order (events.jsonl) + the group's TITO flush and batch build (groups.jsonl: t_ready - last run end),
                measured under the live engines' load, so the simulator does not stretch it again
-               (sim.half_load, sim.kv_slots_per_cell: unbounded); a run that timed out never finishes; a group
+               (sim.half_load, sim.kv_slots_per_cell: unbounded) -- except on an emulated device (engine.device_tick_s
+               > 0) with ``runs`` records: then the measured load is taken out of each duration and the device's
+               curve given to the simulator (``sim/engine_load.py``, ``_engine_load``); a run that timed out never finishes; a group
                still running at the stop lasts at least until the stop (censored there); tokens per run = the
                group's trained tokens / runs, all trained
     training   sim.train_tok_s_per_cell = sum of trained tokens / sum of the cells' reported work_s;
@@ -50,6 +52,7 @@ import numpy as np
 from gyre_hpc.allocator.eventlog import read_events
 from gyre_hpc.allocator.policies import validate
 from gyre_hpc.allocator.sim.compare import queries_needed, simulate_policy
+from gyre_hpc.allocator.sim.engine_load import Curve, LoadSeries, calls_by_run, run_nominal
 from gyre_hpc.allocator.sim.workload import Workload
 from gyre_hpc.config import GyreConfig, apply_overrides, build, read_yaml, to_dict
 from gyre_hpc.errors import ConfigError, GyreError, SchedulingError, WorkloadError
@@ -106,7 +109,7 @@ def _from_admission(g: dict, admitted: float) -> dict:
     """Runs timed from the allocator's admission order (the simulator's Admit), not from the harness's start of
     the group (it lags on a loaded machine), plus the group's TITO flush and batch build before it is ready."""
     shift = max(g["t_admit"] - admitted, 0.0) + g["build_s"]
-    return {**g, "end_s": [e + shift for e in g["end_s"]]}
+    return {**g, "t_order": admitted, "end_s": [e + shift for e in g["end_s"]]}
 
 
 _NEEDS = {"switch_done": ("cell", "total_s"), "step": ("t",), "order": ("t", "wall"), "shutdown": ("wall",)}
@@ -175,7 +178,7 @@ def read_run(run_dir: str | Path) -> LiveRun:
 
 
 def _censored(gid: int, t_admit: float, stop_wall: float, runs: int) -> dict:
-    return {"gid": gid, "t_admit": t_admit, "end_s": [max(stop_wall - t_admit, 0.0)] * runs,
+    return {"gid": gid, "t_admit": t_admit, "t_order": t_admit, "end_s": [max(stop_wall - t_admit, 0.0)] * runs,
             "timed_out": [False] * runs, "tokens": math.nan, "censored": True}
 
 
@@ -191,18 +194,54 @@ def _mean(xs: Sequence[float], default: float = 0.0) -> float:
     return float(np.mean(xs)) if len(xs) else default
 
 
-def _workload(groups: list[dict], timeout_s: float) -> Workload:
+_Load = tuple[Curve, LoadSeries, dict]  # the engines' curve, the measured load, call intervals per (gid, run)
+
+
+def _workload(groups: list[dict], timeout_s: float, load: _Load | None = None) -> Workload:
+    """One trace run per live run; with ``load`` each duration becomes nominal work (``sim/engine_load.py``: exactly
+    from its calls where the TITO has them, else through the curve's tool fraction), else it is taken as measured."""
     known = [g["tokens"] for g in groups if not g["censored"]]
     fill = _mean(known)
     work, rate = [], []
     for g in groups:
         per_run = (fill if g["censored"] else g["tokens"]) / len(g["end_s"])
-        for end, out in zip(g["end_s"], g["timed_out"]):
-            w = max(end, 1e-6)
+        ends = np.maximum(np.array(g["end_s"], dtype=float), 1e-6)
+        if load is not None:
+            ends = np.maximum([_nominal(load, g, i, e) for i, e in enumerate(ends.tolist())], 1e-6)
+        for w, out in zip(ends.tolist(), g["timed_out"]):
             work.append(math.inf if out else w)
-            rate.append(per_run / (max(timeout_s, w) if out else w))
+            rate.append(per_run / (max(timeout_s, w) if out and load is None else w))
     offsets = np.concatenate([[0], np.cumsum([len(g["end_s"]) for g in groups])])
-    return Workload(np.array(work), np.array(rate), np.full(len(work), math.inf), offsets, 0.0)
+    tool_frac = 0.0 if load is None else load[0].tool_frac
+    return Workload(np.array(work), np.array(rate), np.full(len(work), math.inf), offsets, tool_frac)
+
+
+def _nominal(load: _Load, g: dict, i: int, end: float) -> float:
+    curve, series, calls = load
+    mine = calls.get((g["gid"], i))
+    if mine is not None and not g["censored"]:
+        return run_nominal(series, curve.half_load, curve.slots, end, mine)[0]
+    return float(curve.nominal(series, np.array([g["t_order"]]), np.array([g["t_order"] + end]))[0])
+
+
+def _engine_load(run: LiveRun) -> tuple[_Load | None, dict[str, Any]]:
+    """The engines' load curve and the measured load, when both are known: an emulated device (engine.device_tick_s
+    > 0: its curve is the config's) and ``runs`` records in the event log. Else None (durations as measured).
+    The tool fraction is that of the runs with call records (0 without any)."""
+    eng = run.cfg.engine
+    series = LoadSeries.from_events(run.events)
+    if eng.device_tick_s <= 0 or series is None:
+        why = "no emulated device (engine.device_tick_s 0)" if eng.device_tick_s <= 0 else "no runs records"
+        return None, {"engine_load": None, "engine_load_why_not": why}
+    calls = calls_by_run(run.path / "tito")
+    slots = float(eng.max_running_requests)
+    parts = [run_nominal(series, eng.device_half_load, slots, e, calls[(g["gid"], i)])
+             for g in run.groups if not g["censored"] for i, e in enumerate(g["end_s"]) if (g["gid"], i) in calls]
+    nominal, tool = sum(p[0] for p in parts), sum(p[1] for p in parts)
+    curve = Curve(eng.device_half_load, slots, tool / nominal if nominal > 0 else 0.0)
+    return (curve, series, calls), {"engine_load": {"half_load": curve.half_load, "slots": eng.max_running_requests,
+                                                    "tool_frac": curve.tool_frac, "runs_with_calls": len(parts),
+                                                    "mean_load": float(np.mean(series.load))}}
 
 
 def _switches(events: list[dict], core: int) -> tuple[dict[str, float], list[str]]:
@@ -235,9 +274,12 @@ def calibrate(run: LiveRun) -> Calibration:
     sw, unmeasured = _switches(ev, core=0)
     opt = [s["optimizer_s"] + sum(s.get(k, 0.0) for k in ("save_weights_s", "publish_s", "checkpoint_s"))
            for s in run.steps]
+    load, load_facts = _engine_load(run)
     sim = {"steps": len(last), "train_tok_s_per_cell": max(tokens, 1.0) / work_s, "optimizer_s": _mean(opt),
            **sw, "half_load": UNBOUNDED, "kv_slots_per_cell": int(UNBOUNDED), "kv_transfer_s": 0.0,
            "reprefill_tokens": 0.0}
+    if load is not None:
+        sim.update(half_load=load[0].half_load, engine_slots=run.cfg.engine.max_running_requests, load_model="calls")
     timeout = run.cfg.agent.timeout_s
     facts = {"groups": len(run.groups), "censored_groups": sum(g["censored"] for g in run.groups),
              "runs": sum(len(g["end_s"]) for g in run.groups),
@@ -245,8 +287,8 @@ def calibrate(run: LiveRun) -> Calibration:
              "train_work_s": work_s, "trained_tokens": tokens, "from_config": unmeasured,
              "switches_r2t": sum(e["event"] == "switch_done" and e["role"] == "train" for e in ev),
              "switches_t2r": sum(e["event"] == "switch_done" and e["role"] == "rollout" for e in ev),
-             "lost_cells": sorted({e["cell"] for e in ev if e["event"] == "lost"})}
-    return Calibration(_workload(run.groups, timeout), sim, last[-1] - first, facts)
+             "lost_cells": sorted({e["cell"] for e in ev if e["event"] == "lost"}), **load_facts}
+    return Calibration(_workload(run.groups, timeout, load), sim, last[-1] - first, facts)
 
 
 def replay_config(run: LiveRun, cal: Calibration, policies: Sequence[str], overrides: Sequence[str] = ()) -> Any:

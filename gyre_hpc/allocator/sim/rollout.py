@@ -26,9 +26,10 @@ NOT_STARTED, PARKED, DONE, LIMBO = -3, -1, -2, -4
 
 class RolloutPool:
     def __init__(self, n_cells: int, work: list[float], slots: int, half_load: float, tool_frac: float,
-                 capacity: int):
+                 capacity: int, engine_slots: float = math.inf, calls_only: bool = False):
         self.n = n_cells
         self.slots, self.half_load, self.tool_frac, self.cap = slots, half_load, tool_frac, capacity
+        self.engine_slots, self.calls_only = engine_slots, calls_only
         self.V = [0.0] * n_cells
         self.t = [0.0] * n_cells
         self.rate = [1.0] * n_cells
@@ -72,7 +73,8 @@ class RolloutPool:
         """Recompute the rate of every touched cell; returns them (their finish events must be renewed)."""
         cells = sorted(self.touched)
         for c in cells:
-            self.rate[c] = speed_factor(self.load[c], self.half_load, self.tool_frac)
+            self.rate[c] = speed_factor(self.load[c], self.half_load, self.tool_frac, self.engine_slots,
+                                        self.calls_only)
             self.stamp[c] += 1
         self.touched.clear()
         return cells
@@ -154,6 +156,32 @@ class RolloutPool:
         self.where[i] = LIMBO  # the caller decides what happens next
         self.touched.add(c)
         return c
+
+    def rebalance(self, now: float, version: int) -> list[int]:
+        """Even out the load of the rollout cells (no cell more than one run above another) by moving runs from the
+        most to the least loaded; the live proxy routes every call to the least-loaded engine, so a cell that
+        returns to rollout gets its share at once (``sim.load_model: calls``). Returns the runs moved."""
+        moved = []
+        while True:
+            cells = [c for c in range(self.n) if self.active[c]]
+            if len(cells) < 2:
+                return moved
+            hi = max(cells, key=lambda c: self.load[c])
+            lo = min(cells, key=lambda c: self.load[c])
+            if self.load[hi] - self.load[lo] <= 1:
+                return moved
+            i = max(i for _, i in self.heap[hi] if self.where[i] == hi)
+            self.leave(i, now)
+            self.advance(lo, now)
+            self.where[i] = lo
+            self.varr[i] = v = self.V[lo]
+            self.vfin[i] = v + self.left[i]
+            self.ver_arr[i] = version
+            self.bidx[i] = len(self.bumps[lo])
+            heapq.heappush(self.heap[lo], (self.vfin[i], i))
+            self.load[lo] += 1
+            self.touched.add(lo)
+            moved.append(i)
 
     def evict(self, c: int, now: float, overhead_s: float) -> list[int]:
         """Take every run off cell ``c`` (it leaves rollout); each gets ``overhead_s`` more work."""

@@ -57,7 +57,9 @@ class Simulation(TrainerSide):
         roles = policy.initial_roles(cells)
         self.state = SchedState(cells=[CellState(role=r) for r in roles], runs_per_query=wl.max_group)
         self.pool = RolloutPool(cells, wl.work_s.tolist(), sim.kv_slots_per_cell, sim.half_load,
-                                wl.tool_frac, sched.capacity_runs_per_cell)
+                                wl.tool_frac, sched.capacity_runs_per_cell,
+                                math.inf if sim.engine_slots is None else sim.engine_slots,
+                                sim.load_model == "calls")
         for c, r in enumerate(roles):
             self.pool.active[c] = r is Role.ROLLOUT
         self.q = EventQueue()
@@ -257,6 +259,8 @@ class Simulation(TrainerSide):
         else:
             self.pool.active[c] = True
             self._refill(now)
+            if self.sim.load_model == "calls":  # the proxy routes each call to the least-loaded engine
+                self.pool.rebalance(now, self.state.version)
 
     def _on_pull_done(self, now: float, c: int, _: int) -> None:
         if self.state.cells[c].role is Role.TRAIN and c not in self.train_active:
