@@ -23,7 +23,8 @@ Invariants (tests/unit/test_resume_state.py)
 - ``config_changes`` names every dotted key whose value differs between the run's config.yaml and the config
   of the resuming run, except the keys that may change across segments (``may_change``: the step count, the run
   directory's name, the relaunch budget, timeouts, retries and the sbatch section); a resume refuses any other
-  difference.
+  difference. A key the saved config lacks (a gyre older than the key wrote it) is no difference while the
+  resuming run keeps the key's default (``defaults``): a new key's default is the behaviour before it.
 - ``save_empty`` writes a state of version 0 with no checkpoint (a preemption before any rank started); ``load``
   accepts a missing checkpoint only for it, and ``needed_files`` of a state lists every file a resume reads
   (state, checkpoint meta and each rank's files, the buffered groups' TITO files): ``check_files`` names the
@@ -69,10 +70,13 @@ def may_change(key: str) -> bool:
         key.rsplit(".", 1)[-1].endswith(MAY_CHANGE_SUFFIXES)
 
 
-def config_changes(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """``{dotted key: (saved value, new value)}`` for every difference a resume must refuse (``may_change``)."""
-    a, b = _flat(saved), _flat(now)
-    keys = sorted(k for k in set(a) | set(b) if a.get(k, _ABSENT) != b.get(k, _ABSENT) and not may_change(k))
+def config_changes(saved: dict[str, Any], now: dict[str, Any],
+                   defaults: dict[str, Any] | None = None) -> dict[str, tuple[Any, Any]]:
+    """``{dotted key: (saved value, new value)}`` for every difference a resume must refuse (``may_change``);
+    with ``defaults`` (the default config, nested), a key absent from ``saved`` and at its default now is none."""
+    a, b, d = _flat(saved), _flat(now), _flat(defaults or {})
+    keys = sorted(k for k in set(a) | set(b) if a.get(k, _ABSENT) != b.get(k, _ABSENT) and not may_change(k)
+                  and not (k not in a and k in d and d[k] == b.get(k, _ABSENT)))
     return {k: (a.get(k, _ABSENT), b.get(k, _ABSENT)) for k in keys}
 
 

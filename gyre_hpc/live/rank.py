@@ -72,7 +72,7 @@ def check_resume_config(cfg: GyreConfig, run_dir: Path) -> None:
     path = run_dir / "config.yaml"
     if not resume.exists(run_dir) or not path.is_file():
         return
-    changes = resume.config_changes(yaml.safe_load(path.read_text()) or {}, to_dict(cfg))
+    changes = resume.config_changes(yaml.safe_load(path.read_text()) or {}, to_dict(cfg), to_dict(GyreConfig()))
     if changes:
         listed = "; ".join(f"{k}: {old!r} there, {new!r} now" for k, (old, new) in changes.items())
         raise ConfigError(f"{path}: resuming this run with a different config ({listed}); resume with the run's "

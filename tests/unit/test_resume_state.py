@@ -99,6 +99,15 @@ def test_restored_counters_give_the_same_admission_window_and_count_the_buffer_a
     assert after.ready_since(2) == 10.0 and after.backlog_work_s == 0.5
 
 
+def test_a_key_added_since_the_run_saved_its_config_is_no_change_at_its_default():
+    defaults = {"sim": {"load_model": "runs", "engine_slots": None}}
+    saved = {"sim": {}}  # written by a gyre that had neither key
+    assert resume.config_changes(saved, {"sim": {"load_model": "runs", "engine_slots": None}}, defaults) == {}
+    assert resume.config_changes(saved, {"sim": {"load_model": "calls", "engine_slots": None}}, defaults) == {
+        "sim.load_model": ("<absent>", "calls")}  # a non-default value changes what the run did: refused
+    assert resume.config_changes(saved, {"sim": {"load_model": "runs"}}) == {"sim.load_model": ("<absent>", "runs")}
+
+
 def test_config_changes_name_every_differing_key_except_those_a_resume_may_change():
     from gyre_hpc.config import load_config, to_dict
 
