@@ -4,15 +4,14 @@ step it applies; the test SIGKILLs rank 0 by PID once its second step is saved, 
 ``gyre train`` relaunches the run from that periodic state, and the command ends with every step done, the steps
 numbered on from the saved one, exit 0, and no process left."""
 import json
-import threading
 import time
 
 import pytest
 
 from gyre_hpc.allocator.eventlog import read_events
 from slurm_cluster import mpirun  # noqa: F401  (fixture)
-from test_preempt_edges import TIMEOUT_S, assert_one_time_line, cell_rank, finish, gyre_train
-from test_relaunch import _alive, _watch, processes_of
+from test_preempt_edges import TIMEOUT_S, assert_one_time_line, cell_rank, gyre_train
+from test_relaunch import assert_none_left, kill_and_finish, processes_of
 
 pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -38,13 +37,7 @@ def test_sigkill_of_rank_0_after_its_second_step_is_relaunched_from_its_periodic
     pids = processes_of(proc)
     saved = saved_steps(tmp_path, proc)
     pids |= processes_of(proc)
-    rank0.kill()
-    watching = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(proc, pids, watching), daemon=True)
-    watcher.start()  # the relaunched segment's processes too, while finish() reads the output
-    code, stdout, stderr = finish(proc)
-    watching.set()
-    watcher.join()
+    code, stdout, stderr = kill_and_finish(proc, rank0, pids)
     assert code == 0, stderr[-4000:]
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["steps"] == STEPS and summary["relaunches"] == 1 and summary["segments"] == 2
@@ -62,9 +55,4 @@ def test_sigkill_of_rank_0_after_its_second_step_is_relaunched_from_its_periodic
     metrics = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert metrics == list(range(1, STEPS + 1))
     assert not (run_dir / "resume").exists()  # the run finished: nothing left to resume
-    ended = time.monotonic()
-    left = [p for p in pids if _alive(p)]
-    while left and time.monotonic() - ended < 10.0:  # the no-orphan guarantee: 10 s (docs/reliability.md)
-        time.sleep(0.2)
-        left = [p for p in left if _alive(p)]
-    assert left == [], f"processes of the run still alive 10 s after it ended: {left}"
+    assert_none_left(pids)

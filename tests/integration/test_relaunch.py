@@ -35,13 +35,7 @@ def test_sigkill_of_a_cell_rank_mid_run_is_relaunched_and_the_run_finishes_with_
         time.sleep(0.2)
     victim = cell_rank(proc, 2)  # rank 2 = cell 1, the rollout cell (async_train_cells=1: cell 0 is the core)
     pids |= processes_of(proc)
-    victim.kill()
-    watching = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(proc, pids, watching), daemon=True)
-    watcher.start()  # the relaunched segment's processes too, while finish() reads the output
-    code, stdout, stderr = finish(proc)
-    watching.set()
-    watcher.join()
+    code, stdout, stderr = kill_and_finish(proc, victim, pids)
     assert code == 0, stderr[-4000:]
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["steps"] == steps and summary["runs_lost"] == 0
@@ -58,9 +52,27 @@ def test_sigkill_of_a_cell_rank_mid_run_is_relaunched_and_the_run_finishes_with_
     assert "gyre train: relaunching the run" in stderr
     assert not (run_dir / "resume").exists()  # the run finished: nothing left to resume
     assert json.loads((run_dir / "summary.json").read_text())["relaunches"] == 1
+    assert_none_left(pids)
+
+
+def kill_and_finish(proc, victim, pids: set[int]) -> tuple[int, str, str]:
+    """SIGKILL ``victim`` (a rank), then wait for ``gyre train``; ``pids`` gathers every process of the run
+    meanwhile (the relaunched segment's too). ``finish``'s (exit code, stdout, stderr)."""
+    victim.kill()
+    watching = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(proc, pids, watching), daemon=True)
+    watcher.start()  # the relaunched segment's processes too, while finish() reads the output
+    out = finish(proc)
+    watching.set()
+    watcher.join()
+    return out
+
+
+def assert_none_left(pids: set[int]) -> None:
+    """The no-orphan guarantee (docs/reliability.md): none of ``pids`` alive 10 s after the run ended."""
     ended = time.monotonic()
     left = [p for p in pids if _alive(p)]
-    while left and time.monotonic() - ended < 10.0:  # the no-orphan guarantee: 10 s (docs/reliability.md)
+    while left and time.monotonic() - ended < 10.0:
         time.sleep(0.2)
         left = [p for p in left if _alive(p)]
     assert left == [], f"processes of the run still alive 10 s after it ended: {left}"
