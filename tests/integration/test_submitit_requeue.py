@@ -120,7 +120,8 @@ def test_a_submitit_job_that_reaches_its_time_limit_is_requeued_and_its_resumed_
     wait_until(lambda: ended(run.job_id), "the cancelled job to end", 120)
     assert "JobState=CANCELLED" in job(run.job_id) and "Restarts=1" in job(run.job_id), job(run.job_id)
     events = read_events(run.run_dir / "events.jsonl")
-    (pre,) = [e for e in events if e["event"] == "preempted"]
+    pre, cancel = [e for e in events if e["event"] == "preempted"]  # the time limit's, then the scancel's
+    assert cancel["signal"] == "SIGTERM" and cancel["steps_done"] > pre["steps_done"]
     (res,) = [e for e in events if e["event"] == "resumed"]
     assert pre["signal"] == "SIGUSR2" and 0 <= pre["steps_done"] < TL_STEPS
     assert res["steps_done"] == pre["steps_done"] and res["version"] == pre["version"]
