@@ -63,3 +63,13 @@ def test_tune_takes_a_live_runs_directory(tmp_path, capsys):
     assert main(["tune", "--trace", str(run), "--budget", "4", "--out", str(out), "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert yaml.safe_load(out.read_text()) == record["overlay"] and set(record["hours"]) == {"gyre", "colocate"}
+
+
+def test_gyres_satellite_threshold_is_searched_for_gyre_alone():
+    from gyre_hpc.allocator.sim.tune import READS, grid
+
+    cfg = load_config(SMALL, [])
+    assert [n for n, keys in READS.items() if "satellite_min_work_s" in keys] == ["gyre"]
+    values = grid("satellite_min_work_s", cfg, 3600.0)
+    own = cfg.scheduler.satellite_min_work_s
+    assert own in values and 0.0 in values and min(v for v in values if v > 0) < own < max(values)

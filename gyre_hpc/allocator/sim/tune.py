@@ -1,7 +1,9 @@
 """``gyre tune``: the simulator chooses the scheduling knobs for a workload, the same way for every policy.
 
-Search space (``SPACE``): ``scheduler.theta``, ``scheduler.tau_s``, ``scheduler.mu`` and the cell split
-``scheduler.async_train_cells`` (the fixed training pool of the async policies). Each policy reads only some of
+Search space (``SPACE``): ``scheduler.theta``, ``scheduler.tau_s``, ``scheduler.mu``, gyre's
+``scheduler.satellite_min_work_s`` (the training backlog per cell at which a satellite joins; without it a
+workload whose training is a large share of a step never gets a satellite: benchmarks/results/sim_gyre_advantage.md)
+and the cell split ``scheduler.async_train_cells`` (the fixed training pool of the async policies). Each policy reads only some of
 them (``READS``); the objective is the geometric mean of the simulated hours of every policy in
 ``sim.policies``, so a knob read by one policy is tuned for that policy, and one read by several (theta,
 tau_s, mu: gyre and colocate_streaming) for all of them alike. No policy gets a knob tuned for another.
@@ -12,8 +14,8 @@ improves nothing or ``budget`` simulations have run. A candidate is feasible onl
 at or below ``1.1 x scheduler.staleness_target`` (the fairness rule of staleness.py); the config's own point
 is always evaluated first, so the result is never worse than the defaults on the simulated workload.
 
-``tau_s`` is searched on a grid scaled by the workload's time scale: multiples of the config's tau_s (or, when
-it is 0, of one hundredth of the median query duration).
+``tau_s`` and ``satellite_min_work_s`` are searched on grids scaled by the workload's time scale: multiples of
+the config's value (or, when it is 0, of one hundredth of the median query duration).
 
 Invariants
 - Deterministic: the same config and budget give the same overlay.
@@ -31,8 +33,8 @@ from gyre_hpc.allocator.sim.workload import Workload
 from gyre_hpc.config import GyreConfig, apply_overrides, build, to_dict
 from gyre_hpc.errors import ConfigError, SchedulingError
 
-SPACE = ("theta", "tau_s", "mu", "async_train_cells")
-READS = {"gyre": ("theta", "tau_s", "mu"), "colocate_streaming": ("theta", "tau_s", "mu"),
+SPACE = ("theta", "tau_s", "mu", "satellite_min_work_s", "async_train_cells")
+READS = {"gyre": ("theta", "tau_s", "mu", "satellite_min_work_s"), "colocate_streaming": ("theta", "tau_s", "mu"),
          "async": ("async_train_cells",), "async_streaming": ("async_train_cells",), "colocate": ()}
 STALENESS_SLACK = 1.1
 
@@ -62,6 +64,9 @@ def grid(key: str, cfg: GyreConfig, query_s: float) -> list[Any]:
         values = [0.0] + [round(unit * f, 6) for f in (0.25, 0.5, 1.0, 2.0, 4.0)]
     elif key == "mu":
         values = [1, 2, 3]
+    elif key == "satellite_min_work_s":
+        unit = s.satellite_min_work_s if s.satellite_min_work_s > 0 else max(query_s / 100.0, 1e-3)
+        values = [0.0] + [round(unit * f, 6) for f in (0.1, 0.25, 0.5, 2.0)]
     else:
         values = list(range(1, cfg.cluster.cells))
     own = getattr(s, key)
