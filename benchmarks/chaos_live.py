@@ -1,11 +1,13 @@
 """Chaos benchmark of a live run: random kills and preemptions, each followed by an automatic ``--resume``.
 
     python benchmarks/chaos_live.py --json [--config configs/local.yaml] [--steps 6] [--seed 0]
-                                    [--engine-kills 2] [--preemptions 2] [--rank-kills 1]
+                                    [--engine-kills 2] [--preemptions 2] [--rank-kills 1] [--rank0-kills 0]
 
 A seeded plan shuffles the faults: SIGKILL of an engine process (the run goes on: the cell restarts its engine),
 SIGKILL of one whole cell rank (``gyre train`` relaunches the run itself from rank 0's resume state, live/lost.py
-and live/supervise.py: the same command goes on, the lost cell starts again), and a preemption (SIGTERM to
+and live/supervise.py: the same command goes on, the lost cell starts again), SIGKILL of rank 0 itself
+(``--rank0-kills``; once the segment trained a step: ``gyre train`` relaunches from rank 0's periodic state,
+live/periodic.py), and a preemption (SIGTERM to
 ``gyre train``: exit 75 with the resume state). Each fault waits for a seeded step count of the current
 ``gyre train`` command plus a seeded delay. Only after exit 75 the benchmark starts ``gyre train --resume RUN_DIR``
 at once, as SLURM's requeue would; any other exit ends the benchmark (exit 0: the run finished; 69 or 70: the
@@ -74,19 +76,20 @@ def processes(launcher: subprocess.Popen, role: str) -> list[psutil.Process]:
     return out
 
 
-def cell_ranks(launcher: subprocess.Popen) -> list[psutil.Process]:
+def cell_ranks(launcher: subprocess.Popen, root: bool = False) -> list[psutil.Process]:
+    """The cells' ranks, or (``root``) rank 0."""
     out = []
     for p in processes(launcher, "rank"):
         try:
-            if p.environ().get("OMPI_COMM_WORLD_RANK", "0") != "0":
+            if (p.environ().get("OMPI_COMM_WORLD_RANK", "0") == "0") == root:
                 out.append(p)
         except psutil.Error:
             continue
     return out
 
 
-def plan(rng: random.Random, engine_kills: int, preemptions: int, rank_kills: int) -> list[dict]:
-    faults = ["engine"] * engine_kills + ["preempt"] * preemptions + ["rank"] * rank_kills
+def plan(rng: random.Random, engine_kills: int, preemptions: int, rank_kills: int, rank0_kills: int = 0) -> list[dict]:
+    faults = ["engine"] * engine_kills + ["preempt"] * preemptions + ["rank"] * rank_kills + ["rank0"] * rank0_kills
     rng.shuffle(faults)
     return [{"kind": k, "after_steps": rng.randint(0, 1), "delay_s": round(rng.uniform(0.0, 4.0), 2)} for k in faults]
 
@@ -156,11 +159,12 @@ class Chaos:
         deadline = time.monotonic() + 60
         while proc.poll() is None and time.monotonic() < deadline:
             self.watch(proc)
-            targets = processes(proc, "engine") if fault["kind"] == "engine" else cell_ranks(proc)
+            targets = (processes(proc, "engine") if fault["kind"] == "engine"
+                       else cell_ranks(proc, root=fault["kind"] == "rank0"))
             if targets:
                 victim = self.rng.choice(sorted(targets, key=lambda p: p.pid))
                 try:
-                    fault["target"] = (victim.environ().get("OMPI_COMM_WORLD_RANK") if fault["kind"] == "rank"
+                    fault["target"] = (victim.environ().get("OMPI_COMM_WORLD_RANK") if fault["kind"] != "engine"
                                        else " ".join(victim.cmdline()[-4:]))
                     victim.kill()
                 except psutil.Error:
@@ -184,7 +188,8 @@ class Chaos:
         return code
 
     def run(self) -> dict:
-        faults = plan(self.rng, self.args.engine_kills, self.args.preemptions, self.args.rank_kills)
+        faults = plan(self.rng, self.args.engine_kills, self.args.preemptions, self.args.rank_kills,
+                      self.args.rank0_kills)
         pending = list(faults)
         t0 = time.monotonic()
         while len(self.segments) < self.args.max_segments and time.monotonic() - t0 < self.args.timeout:
@@ -193,8 +198,9 @@ class Chaos:
                 fault = pending[0]
                 base = steps_done(self.run_dir)
                 # an engine is killed once the segment trains (engines serve); a preemption or a rank kill may
-                # also land while the segment is still starting (after_steps 0 of a resumed segment)
-                after = max(fault["after_steps"], 1) if fault["kind"] == "engine" else fault["after_steps"]
+                # also land while the segment is still starting (after_steps 0 of a resumed segment); rank 0
+                # once the segment saved a periodic state (a step), else there is nothing newer to relaunch from
+                after = max(fault["after_steps"], 1) if fault["kind"] in ("engine", "rank0") else fault["after_steps"]
                 target = min(base + after, self.args.steps - 1)
                 if base >= self.args.steps - 1 or not self.wait_for(proc, max(target, 1), fault["delay_s"]):
                     break  # the run is at its last step, or the segment ended: the fault waits for the next one
@@ -202,7 +208,7 @@ class Chaos:
                 resumed = self.resumed()
                 fault.update(segment=len(self.segments), at_step=steps_done(self.run_dir),
                              applied=self.apply(proc, fault))
-                if fault["kind"] == "rank" and fault["applied"]:
+                if fault["kind"] in ("rank", "rank0") and fault["applied"]:
                     self.wait_relaunched(proc, resumed)  # the next fault lands on the relaunched ranks
                 if fault["kind"] == "preempt":
                     break  # the command ends: the rest wait for the next one (a rank kill is relaunched inside)
@@ -223,7 +229,7 @@ class Chaos:
         events = read_events(self.run_dir / "events.jsonl") if self.run_dir else []
         applied = [f for f in faults if f.get("applied")]
         return {
-            "kills": sum(f["kind"] in ("engine", "rank") for f in applied),
+            "kills": sum(f["kind"] in ("engine", "rank", "rank0") for f in applied),
             "preemptions": sum(f["kind"] == "preempt" for f in applied),
             "resumes_ok": sum(e["event"] == "resumed" for e in events),
             "steps_done": summary.get("steps", steps_done(self.run_dir)), "steps_target": self.args.steps,
@@ -231,6 +237,7 @@ class Chaos:
             "orphans_after_10s": self.orphans,
             "run_lost": int(not summary), "engine_kills": sum(f["kind"] == "engine" for f in applied),
             "rank_kills": sum(f["kind"] == "rank" for f in applied),
+            "rank0_kills": sum(f["kind"] == "rank0" for f in applied),
             "engine_restarts": sum(e["event"] == "engine_restarted" for e in events),
             "rank_lost_events": sum(e["event"] == "rank_lost" for e in events),
             "relaunches": sum(e["event"] == "relaunched" for e in events),
@@ -246,7 +253,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--engine-kills", type=int, default=2)
     p.add_argument("--preemptions", type=int, default=2)
-    p.add_argument("--rank-kills", type=int, default=1)
+    p.add_argument("--rank-kills", type=int, default=1, help="SIGKILLs of a cell's rank")
+    p.add_argument("--rank0-kills", type=int, default=0, help="SIGKILLs of rank 0 (relaunched from its periodic state)")
     p.add_argument("--max-segments", type=int, default=8)
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds the whole benchmark may take")
     p.add_argument("--json", action="store_true")
