@@ -133,6 +133,8 @@ def plot(data: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from gyre_hpc.report.live_plots import save_png
+
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for p in data["policies"]:
         pts = [cell(data["records"], p, t) for t in data["targets"]]
@@ -149,11 +151,7 @@ def plot(data: dict, path: Path) -> Path:
     a1.set_title(f"live {Path(data['config']).stem}: time")
     a2.set_title("final reward")
     a1.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_png(fig, path)  # atomic, like every plot of a run
 
 
 def render(data: dict, md: Path, png: Path, notes: str = "") -> None:

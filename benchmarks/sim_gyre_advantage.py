@@ -296,6 +296,8 @@ def plot(sweeps: dict[str, list[dict]], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from gyre_hpc.report.live_plots import save_png
+
     fig, axes = plt.subplots(1, len(sweeps), figsize=(4.6 * len(sweeps), 3.8), squeeze=False)
     labels = {"train_x": "training cost per token (x live)", "tail_k": "run-duration log-spread (x live)",
               "cells": "cells (batch_groups = cells)"}
@@ -318,11 +320,7 @@ def plot(sweeps: dict[str, list[dict]], path: Path) -> Path:
             ax.minorticks_off()
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8, title="red ring: not comparable", title_fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_png(fig, path)  # atomic, like every plot of a run
 
 
 def main(argv=None) -> int:

@@ -61,6 +61,8 @@ def plot(results: dict[str, list[dict]], policies: list[str], path: Path) -> Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from gyre_hpc.report.live_plots import save_png
+
     fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4.2), squeeze=False)
     for ax, (config, rows) in zip(axes[0], results.items()):
         for p in policies:
@@ -72,11 +74,7 @@ def plot(results: dict[str, list[dict]], policies: list[str], path: Path) -> Pat
         ax.set_ylabel("simulated hours")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_png(fig, path)  # atomic, like every plot of a run
 
 
 def main(argv=None) -> int:

@@ -25,7 +25,8 @@ COLORS = {"rollout": "#4c9be8", "train": "#e8804c", "draining": "#bbbbbb", "load
           "lost": "#000000"}
 
 
-def _save(fig, path: Path) -> Path:
+def save_png(fig, path: Path) -> Path:
+    """Lay ``fig`` out, write it to ``path`` as a PNG (temp file + rename), close it."""
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png", dpi=110)
@@ -74,7 +75,7 @@ def role_timeline(events: Sequence[dict], cells: int, path: Path) -> Path:
                  fontsize=9)
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[r]) for r in COLORS]
     ax.legend(handles, list(COLORS), loc="upper right", fontsize=7, ncol=5)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def query_durations(seconds: Sequence[float], path: Path) -> Path:
@@ -83,7 +84,7 @@ def query_durations(seconds: Sequence[float], path: Path) -> Path:
     ax.set_xlabel("query duration (admission to last run ended), s")
     ax.set_ylabel("queries")
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def staleness_split(steps: Sequence[dict], path: Path) -> Path:
@@ -99,4 +100,4 @@ def staleness_split(steps: Sequence[dict], path: Path) -> Path:
     ax.set_ylabel("staleness, versions per trained token")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(loc="upper left", fontsize=7)
-    return _save(fig, path)
+    return save_png(fig, path)

@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from gyre_hpc.allocator.sim.simulator import Simulation  # noqa: E402
-from gyre_hpc.report.live_plots import COLORS, _save, role_spans  # noqa: E402
+from gyre_hpc.report.live_plots import COLORS, role_spans, save_png  # noqa: E402
 
 
 def _bars(ax, spans: list[list[tuple[float, float, str]]], steps: Sequence[float], title: str) -> None:
@@ -42,4 +42,4 @@ def measured_vs_predicted(events: Sequence[dict], sim: Simulation, policy: str, 
     bottom.set_xlabel("seconds since the first admission (vertical lines: optimizer steps)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[r]) for r in COLORS]
     top.legend(handles, list(COLORS), loc="upper right", fontsize=7, ncol=5)
-    return _save(fig, path)
+    return save_png(fig, path)
