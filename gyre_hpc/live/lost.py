@@ -183,9 +183,14 @@ def _version(d: Path) -> int | None:
 def snapshot(server, hub, rollouts, steps: list[dict], carry: dict, wall_s: float) -> dict:
     """The resume state at the moment of the loss (``preempt.snapshot``, consistent even mid-step)."""
     rollouts.close()
-    state = preempt.snapshot(server, hub, rollouts, steps, carry, wall_s)
-    if state["sched"]["version"] != hub.version or state["sched"]["steps_done"] != len(steps):
-        state["sched"] = sched_from_steps(steps, state["sched"])  # the control plane lags the data plane
+    return caught_up(preempt.snapshot(server, hub, rollouts, steps, carry, wall_s), hub.version, steps)
+
+
+def caught_up(state: dict, version: int, steps: list[dict]) -> dict:
+    """``state`` with SchedState counters of the steps the data plane applied (``version``, ``steps``): the
+    allocator's control plane may not have applied the last STEPPED yet."""
+    if state["sched"]["version"] != version or state["sched"]["steps_done"] != len(steps):
+        state["sched"] = sched_from_steps(steps, state["sched"])
     return state
 
 

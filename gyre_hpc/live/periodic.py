@@ -53,9 +53,7 @@ def snapshot(server, hub, rollouts, steps: list[dict], carry: dict, wall_s: floa
         c = state["counters"]
         state["counters"] = {**c, "groups": list(c["groups"]), "build_errors": list(c["build_errors"])}
     state["steps"] = list(steps)
-    if state["sched"]["version"] != hub.version or state["sched"]["steps_done"] != len(steps):
-        state["sched"] = lost.sched_from_steps(steps, state["sched"])  # the control plane lags the data plane
-    return state
+    return lost.caught_up(state, hub.version, steps)
 
 
 def save(run_dir: Path, server, hub, rollouts, steps: list[dict], carry: dict, wall_s: float,
