@@ -36,8 +36,8 @@ Invariants (tests/unit/test_supervise.py, tests/integration/test_relaunch.py)
   wants the job gone), a config or usage error (exit 2), a success or any other status; ``max_relaunches: 0``
   is the behaviour before this module (the launcher exits 69 or 70).
 - A relaunch is preceded by the resume pre-check of ``--resume`` when RUN_DIR holds a resume state (a failing
-  one ends the command with the segment's exit status) and recorded by one ``relaunched`` event; ``relaunches`` in the summary counts the run's
-  ``relaunched`` events over every segment.
+  one ends the command with the segment's exit status) and recorded by one ``relaunched`` event; ``relaunches``
+  in the summary counts the run's ``relaunched`` events over every segment.
 - Standard library and the core only: the launch, the failure report and the pre-check are passed in.
 """
 from __future__ import annotations
