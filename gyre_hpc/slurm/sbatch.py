@@ -17,7 +17,9 @@ What the script does on the cluster (docs/slurm.md)::
                              it for the teardown (gyre_hpc.live.lost.SrunTeardown): event lost_rank_saved, exit 69;
                              the script, not signalled, sruns the step again in the same allocation, at most
                              run.max_relaunches times (gyre_hpc.slurm.relaunch, the rule of gyre train's
-                             supervisor); the ranks resume
+                             supervisor); the ranks resume. Lost while rank 0 started (no event of the step,
+                             srun >= 128): srun again from what the step started from; after the relaunches the
+                             job exits 69 (event rank_lost, at_start)
     exit 75 (preempted)      the ranks saved RUN_DIR/resume: `scontrol requeue` the job (slurm.requeue, at most
                              slurm.max_requeues times); the same job id gives the same RUN_DIR, so it resumes
 
