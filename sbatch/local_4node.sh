@@ -65,12 +65,16 @@ STEP=$!
 # wait returns early when a trapped signal arrives: keep waiting until the step has ended
 while kill -0 "$STEP" 2>/dev/null; do wait "$STEP" || true; done
 RC=0; wait "$STEP" || RC=$?
-# --- a rank lost (rank 0 saved its state after srun's teardown: event lost_rank_saved): srun again in
-#     this allocation, at most 2 times (run.max_relaunches); the ranks resume from RUN_DIR
-#     (gyre_hpc.slurm.relaunch)
-if (( RC != 0 && ! SIGNALLED && RELAUNCHES < 2 )) && python3 -m gyre_hpc.slurm.relaunch --run-dir "$RUN_DIR" --exit "$RC" --done "$RELAUNCHES" --max 2 --events events.jsonl; then
-  RELAUNCHES=$(( RELAUNCHES + 1 ))
-  if (( ! SIGNALLED )); then continue; fi
+# --- a rank lost (rank 0 saved its state after srun's teardown: event lost_rank_saved; or the step was
+#     torn down while rank 0 started): srun again in this allocation, at most 2 times
+#     (run.max_relaunches); the ranks resume from RUN_DIR (gyre_hpc.slurm.relaunch). Its answer 69: a
+#     rank lost while the step started, relaunches spent: the job fails with 69 (event rank_lost)
+if (( RC != 0 && ! SIGNALLED )); then
+  ASKED=0; python3 -m gyre_hpc.slurm.relaunch --run-dir "$RUN_DIR" --exit "$RC" --done "$RELAUNCHES" --max 2 --events events.jsonl || ASKED=$?
+  if (( ASKED == 0 )); then
+    RELAUNCHES=$(( RELAUNCHES + 1 ))
+    if (( ! SIGNALLED )); then continue; fi
+  elif (( ASKED == 69 )); then RC=69; fi
 fi
 break
 done

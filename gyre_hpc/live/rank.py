@@ -140,12 +140,13 @@ def _check_resume_files(run_dir: Path) -> None:
 
 
 def _last_event_t(cfg: GyreConfig, run_dir: Path) -> float:
-    """Where a resumed run's time line starts: after the last event of the earlier segments (0 for a new run)."""
-    from gyre_hpc import resume
+    """Where a segment's time line starts: after the last event of the earlier segments (0 for a new run). A new
+    run has events already when its first segment was torn down while it started and it was relaunched
+    (live/supervise.py, ``rank_lost_at_start``): its time line goes on after them too."""
     from gyre_hpc.allocator.eventlog import read_events
 
     path = run_dir / cfg.allocator.events_file
-    if not resume.exists(run_dir) or not path.is_file():
+    if not path.is_file():
         return 0.0
     try:
         return max((float(e.get("t", 0.0)) for e in read_events(path)), default=0.0) + 1e-3

@@ -22,6 +22,12 @@ Invariants (tests/unit/test_supervise.py, tests/integration/test_relaunch.py)
 - A ``resume_saved`` counts only if it is newer than the state the segment started from (its ``steps_done`` above
   the ``resumed`` event's): a segment that resumed and died before it saved again is not relaunched, so a run
   whose rank 0 dies at the same step every time stops after one relaunch, never loops.
+- A lost rank (69) while the segment was starting, before its rank 0 reached its main loop (no ``start``,
+  ``started`` or ``resumed`` event: ``STARTED``), is relaunched (reason ``rank_lost_at_start``) with or without a
+  resume state: nothing was applied in that segment, so the run dir holds exactly what the segment started from
+  (no state: a new run starts again; the resume state it was to resume, untouched). Rank 0 need not have saved
+  anything (under srun it is SIGKILLed KillWait after the teardown while it still imports or sits in MPI_Init);
+  the bound is ``run.max_relaunches``, after which the segment's failure stands (69, event ``rank_lost``).
 - An error (70) is relaunched only when its segment trained a step (a ``step`` event): an error before the
   segment's first step is a start that fails (an engine that cannot load its model, a broken install), and a
   relaunch from the same state would fail the same way, costing the user one more start each time. A lost rank
@@ -29,9 +35,9 @@ Invariants (tests/unit/test_supervise.py, tests/integration/test_relaunch.py)
 - Never after a preemption (exit 75, or a SIGTERM/SIGUSR1 the launcher received during the segment: the scheduler
   wants the job gone), a config or usage error (exit 2), a success or any other status; ``max_relaunches: 0``
   is the behaviour before this module (the launcher exits 69 or 70).
-- A relaunch is preceded by the resume pre-check of ``--resume`` (a failing one ends the command with the
-  segment's exit status) and recorded by one ``relaunched`` event; ``relaunches`` in the summary counts the run's
-  ``relaunched`` events over every segment.
+- A relaunch is preceded by the resume pre-check of ``--resume`` when RUN_DIR holds a resume state (a failing
+  one ends the command with the segment's exit status) and recorded by one ``relaunched`` event; ``relaunches``
+  in the summary counts the run's ``relaunched`` events over every segment.
 - Standard library and the core only: the launch, the failure report and the pre-check are passed in.
 """
 from __future__ import annotations
@@ -54,6 +60,11 @@ from gyre_hpc.resume import PREEMPTED_EXIT
 ERROR_EXIT = 70
 #: the exit statuses after which a run may be relaunched, and the reason each is recorded with
 RELAUNCH_REASONS = {RANK_LOST_EXIT: "rank_lost", ERROR_EXIT: "error"}
+#: the reason of a relaunch after a rank lost while the segment started (nothing applied, nothing saved)
+AT_START = "rank_lost_at_start"
+#: rank 0's events that show it reached its main loop (``resumed`` comes just before it): from then on it may apply
+#: steps, and it takes a teardown itself (live/lost.py); a segment without any of them applied nothing
+STARTED = ("start", "started", "resumed")
 EVENT = "relaunched"
 
 
@@ -68,14 +79,23 @@ class Segment:
     preempted: bool  # the launcher got a preemption signal while it ran
     stepped: bool = True  # it trained a step (a ``step`` event): asked only after an error (exit 70)
     checkpointed: bool = False  # its rank 0 saved a state newer than the segment's start (``resume_saved``)
+    started: bool = True  # its rank 0 reached its main loop (an event of ``STARTED``): it may have applied steps
+
+    @property
+    def at_start(self) -> bool:
+        """Ended before its rank 0 reached its main loop, saving nothing: it applied nothing."""
+        return not (self.started or self.saved or self.checkpointed)
 
 
 def relaunch_reason(seg: Segment, done: int, max_relaunches: int) -> str | None:
-    """Why ``seg`` is relaunched (``rank_lost``, ``error``), or None: it is not, after ``done`` relaunches."""
+    """Why ``seg`` is relaunched (``rank_lost``, ``error``, ``rank_lost_at_start``), or None: it is not, after
+    ``done`` relaunches."""
     if seg.preempted or seg.exit not in RELAUNCH_REASONS or done >= max_relaunches:
         return None
     if seg.exit == ERROR_EXIT and not seg.stepped:  # it failed while starting: a relaunch starts the same way
         return None
+    if seg.exit == RANK_LOST_EXIT and seg.at_start:  # torn down while starting: nothing applied, start it again
+        return AT_START
     if seg.saved or (seg.checkpointed and seg.resume_state) or (seg.resume_state and not seg.resumed):
         return RELAUNCH_REASONS[seg.exit]
     return None
@@ -96,7 +116,12 @@ def segment(run_dir: Path, events_path: Path, code: int, before: int, preempted:
     kinds = [e["event"] for e in events]
     return Segment(exit=code, saved="lost_rank_saved" in kinds, resume_state=resume.exists(run_dir),
                    resumed="resumed" in kinds, preempted=preempted, stepped="step" in kinds,
-                   checkpointed=saved_newer(events))
+                   checkpointed=saved_newer(events), started=started(kinds))
+
+
+def started(kinds) -> bool:
+    """A segment's event kinds show its rank 0 reached its main loop (``STARTED``)."""
+    return any(k in STARTED for k in kinds)
 
 
 def saved_newer(events: list[dict]) -> bool:
@@ -137,7 +162,8 @@ def supervise(run_dir: Path, events_path: Path, max_relaunches: int, launch_once
         if reason is None:
             return code
         try:
-            precheck()
+            if resume.exists(run_dir):  # else a new run torn down while it started (AT_START): it starts anew
+                precheck()
         except GyreError as exc:
             print(f"gyre train: not relaunched: {exc}", file=sys.stderr)
             return code

@@ -8,6 +8,8 @@ script is the launcher, and it asks this module, with the same rule as ``gyre tr
              python -m gyre_hpc.slurm.relaunch --run-dir RUN_DIR --exit RC --done N --max M --preempt-signal SIG
                exit 0: relaunched (event ``relaunched``): srun again, the ranks resume from RUN_DIR/resume
                exit 1: not: the script goes on (requeue on a preemption, else it exits RC)
+               exit 69: not: a rank was lost while the step started and the relaunches are spent (or 0): event
+                        ``rank_lost`` (``at_start``), and the script exits 69, never requeued as a preemption
 
 How a lost rank looks from here: srun's ``--kill-on-bad-exit`` ends the step with SIGTERM to the other ranks.
 The script exports ``GYRE_SBATCH_LAUNCHED`` and its traps write RUN_DIR/preempt.request before they forward a
@@ -22,6 +24,13 @@ Invariants (tests/unit/test_slurm_relaunch.py)
   has no summary.json (it finished, whatever its status), and the batch shell was not signalled (the script never
   calls this then): only then ``live.supervise.relaunch_reason`` is asked, as for exit 69 with the state saved,
   within ``--max``.
+- A step is also a lost rank when it was torn down while it started: it ended with a signal's status (>= 128: a
+  rank of it was killed; srun reports the highest), its rank 0 never reached its main loop (no event of
+  ``live.supervise.STARTED`` in the step: rank 0, still importing or in MPI_Init, is SIGKILLed KillWait after
+  srun's SIGTERM and saves nothing), no rank wrote RUN_DIR/errors/rankN.txt during it (a rank that raised is an
+  error, never relaunched before a first step), no ``preempted`` event, no summary, the shell not signalled. The
+  rule relaunches it (``rank_lost_at_start``) from what the step started from; after ``--max`` relaunches it is a
+  failure: event ``rank_lost`` (``at_start``: true) and exit 69 (``AT_START_FAILED``).
 - A relaunch appends one ``relaunched`` event (``after_exit``: srun's status); this module starts nothing.
 - Ranks srun started without the batch script (by hand, or a script rendered before it exported
   ``GYRE_SBATCH_LAUNCHED``) take the teardown's SIGTERM for a preemption: their step logs ``preempted SIGTERM``,
@@ -40,19 +49,48 @@ from gyre_hpc.live import supervise
 from gyre_hpc.live.lost import RANK_LOST_EXIT
 
 STEP_START = ".step-start"
+#: this module's exit status for a step lost while it started that is not relaunched: the job's own (69)
+AT_START_FAILED = RANK_LOST_EXIT
+#: srun's status when a task of the step ended by a signal (128 + the signal: 137 SIGKILL, 143 SIGTERM)
+SIGNALLED_STATUS = 128
 
 
 def step_outcome(run_dir: Path, events_path: Path, code: int) -> supervise.Segment:
     """How the step that started at RUN_DIR/.step-start ended, in ``live.supervise``'s terms: rank 0's own
-    events of the step say whether it lost a rank (``lost_rank_saved``) or was preempted (``preempted``)."""
+    events of the step say whether it lost a rank (``lost_rank_saved``), was preempted (``preempted``) or never
+    reached its main loop (``supervise.STARTED``); a rank's error file of the step says it raised."""
     start = (run_dir / STEP_START).stat().st_mtime if (run_dir / STEP_START).is_file() else 0.0
     events = [e for e in supervise.events_of(events_path) if float(e.get("wall", 0.0)) >= start]
     kinds = {e["event"] for e in events}
-    saved, preempted = "lost_rank_saved" in kinds, "preempted" in kinds
+    saved, preempted, started = "lost_rank_saved" in kinds, "preempted" in kinds, supervise.started(kinds)
     newer = supervise.saved_newer(events)  # rank 0's periodic state: rank 0 itself may be the rank that died
-    lost = code != 0 and (saved or newer) and not preempted and not (run_dir / "summary.json").is_file()
+    at_start = code >= SIGNALLED_STATUS and not started and not errors_since(run_dir, start)
+    lost = (code != 0 and (saved or newer or at_start) and not preempted
+            and not (run_dir / "summary.json").is_file())
     return supervise.Segment(exit=RANK_LOST_EXIT if lost else code, saved=saved, resume_state=resume.exists(run_dir),
-                             resumed="resumed" in kinds, preempted=preempted, checkpointed=newer)
+                             resumed="resumed" in kinds, preempted=preempted, checkpointed=newer, started=started)
+
+
+def errors_since(run_dir: Path, start: float) -> list[Path]:
+    """RUN_DIR/errors/rankN.txt written at or after ``start`` (a rank that raised: ``live.rank``)."""
+    d = run_dir / "errors"
+    return [f for f in sorted(d.glob("rank*.txt")) if f.stat().st_mtime >= start] if d.is_dir() else []
+
+
+def record_failure(events_path: Path, code: int, done: int, resume_dir: Path | None) -> None:
+    """The step lost a rank while it started and is not relaunched: one ``rank_lost`` event (as ``gyre train``
+    writes after mpirun), continuing the run's time line."""
+    from gyre_hpc.allocator.eventlog import EventLog
+    from gyre_hpc.clock import WallClock
+
+    t = max((float(e.get("t", 0.0)) for e in supervise.events_of(events_path)), default=0.0)
+    log = EventLog(events_path, WallClock())
+    try:
+        log.write("rank_lost", t=t, at_start=True, srun_exit=code, relaunches=done,
+                  error=f"a rank of the step ended by a signal while rank 0 was starting (srun exit {code})",
+                  resume=str(resume_dir) if resume_dir else None)
+    finally:
+        log.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,10 +107,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     events_path = run_dir / args.events
     seg = step_outcome(run_dir, events_path, args.exit)
     reason = supervise.relaunch_reason(seg, args.done, args.max)
+    if reason is None and seg.exit == RANK_LOST_EXIT and seg.at_start and not seg.preempted:
+        state = resume.resume_dir(run_dir) if resume.exists(run_dir) else None
+        record_failure(events_path, args.exit, args.done, state)
+        print(f"gyre: a rank of the step was lost while it started (srun exit {args.exit}); not relaunched after "
+              f"{args.done} relaunch(es) (run.max_relaunches {args.max}): the job fails with {AT_START_FAILED}"
+              + (f"; its resume state {state} is untouched" if state else ""), file=sys.stderr)
+        return AT_START_FAILED
     if reason is None:
         return 1
     supervise.record(events_path, args.done + 1, args.exit, reason)
-    print(f"gyre: a rank of the step was lost (srun exit {args.exit}, resume state saved); relaunching in this "
+    what = "while it started; nothing was applied" if reason == supervise.AT_START else "resume state saved"
+    print(f"gyre: a rank of the step was lost (srun exit {args.exit}, {what}); relaunching in this "
           f"allocation ({args.done + 1} of at most {args.max}, run.max_relaunches)", file=sys.stderr)
     return 0
 

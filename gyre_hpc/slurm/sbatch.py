@@ -17,7 +17,9 @@ What the script does on the cluster (docs/slurm.md)::
                              it for the teardown (gyre_hpc.live.lost.SrunTeardown): event lost_rank_saved, exit 69;
                              the script, not signalled, sruns the step again in the same allocation, at most
                              run.max_relaunches times (gyre_hpc.slurm.relaunch, the rule of gyre train's
-                             supervisor); the ranks resume
+                             supervisor); the ranks resume. Lost while rank 0 started (no event of the step,
+                             srun >= 128): srun again from what the step started from; after the relaunches the
+                             job exits 69 (event rank_lost, at_start)
     exit 75 (preempted)      the ranks saved RUN_DIR/resume: `scontrol requeue` the job (slurm.requeue, at most
                              slurm.max_requeues times); the same job id gives the same RUN_DIR, so it resumes
 
@@ -33,7 +35,8 @@ Invariants
   SIGTERM to the batch shell (a plain ``scancel``; unless TERM is the preemption signal), and exits with the
   step's status otherwise.
 - The script sruns the step again (same allocation) only when ``python -m gyre_hpc.slurm.relaunch`` says so:
-  never after a signal to the batch shell, at most ``run.max_relaunches`` times (0: never asked).
+  never after a signal to the batch shell, at most ``run.max_relaunches`` times (the helper counts them); its
+  answer 69 (a rank lost while the step started, no relaunch left) makes the job's status 69.
 - Every trap of the batch shell writes RUN_DIR/preempt.request whole (a temporary file, then ``mv``) before its
   ``kill`` forwards the signal to the step; a request left by an earlier step or job is removed before each srun
   unless this shell was signalled (tests/unit/test_sbatch_request.py).
@@ -54,6 +57,9 @@ from gyre_hpc.preempt_request import REQUEST_FILE, SBATCH_ENV
 from gyre_hpc.resume import PREEMPTED_EXIT
 from gyre_hpc.slurm.layout import local_nodes, plan
 from gyre_hpc.slurm_options import parse_signal
+
+#: exit status of a job that lost a rank (live/lost.py's RANK_LOST_EXIT; this core module does not import live/)
+RANK_LOST_EXIT = 69
 
 #: checked-in script -> the config it is rendered from (paths relative to the repository root)
 SCRIPTS = {
@@ -179,12 +185,16 @@ def _relaunch(cfg: GyreConfig) -> list[str]:
     ask = (f'{shlex.quote(cfg.slurm.python)} -m gyre_hpc.slurm.relaunch --run-dir "$RUN_DIR" --exit "$RC" '
            f'--done "$RELAUNCHES" --max {n} --events {shlex.quote(cfg.allocator.events_file)}')
     return [
-        "# --- a rank lost (rank 0 saved its state after srun's teardown: event lost_rank_saved): srun again in",
-        f"#     this allocation, at most {n} times (run.max_relaunches); the ranks resume from RUN_DIR",
-        "#     (gyre_hpc.slurm.relaunch)",
-        f"if (( RC != 0 && ! SIGNALLED && RELAUNCHES < {n} )) && {ask}; then",
-        "  RELAUNCHES=$(( RELAUNCHES + 1 ))",
-        "  if (( ! SIGNALLED )); then continue; fi",
+        "# --- a rank lost (rank 0 saved its state after srun's teardown: event lost_rank_saved; or the step was",
+        f"#     torn down while rank 0 started): srun again in this allocation, at most {n} times",
+        "#     (run.max_relaunches); the ranks resume from RUN_DIR (gyre_hpc.slurm.relaunch). Its answer 69: a",
+        "#     rank lost while the step started, relaunches spent: the job fails with 69 (event rank_lost)",
+        "if (( RC != 0 && ! SIGNALLED )); then",
+        f"  ASKED=0; {ask} || ASKED=$?",
+        "  if (( ASKED == 0 )); then",
+        "    RELAUNCHES=$(( RELAUNCHES + 1 ))",
+        "    if (( ! SIGNALLED )); then continue; fi",
+        f"  elif (( ASKED == {RANK_LOST_EXIT} )); then RC={RANK_LOST_EXIT}; fi",
         "fi",
         "break",
     ]

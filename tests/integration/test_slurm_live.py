@@ -10,6 +10,7 @@ such a start (the segfault signature and not every cell said Hello) is retried a
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -184,6 +185,66 @@ def test_a_killed_cell_rank_is_srun_again_in_the_allocation_and_the_job_complete
     summary = json.loads((job.run_dir / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["runs_lost"] == 0
     assert sorted({e["cell"] for e in job.events() if e["event"] == "hello"}) == list(range(CELLS))
+
+
+def rank_pids(run_dir: Path, rank: int) -> list[int]:
+    """PIDs of the processes srun started as task ``rank`` of a step of the job writing ``run_dir``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"gyre_hpc.cli" not in argv or str(run_dir).encode() not in argv:
+                continue
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if f"SLURM_PROCID={rank}".encode() in env:
+            found.append(int(proc.name))
+    return found
+
+
+def kill_rank_at_every_start(rank: int, deadline_s: float = 240):
+    """SIGKILL task ``rank`` of every step of the job as soon as srun has started it (it is still importing, rank 0
+    too: long before rank 0's main loop), until the job ends."""
+    def during(job_id: str, run_dir: Path) -> None:
+        deadline, during.killed = time.time() + deadline_s, []
+        while time.time() < deadline:
+            if not subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip():
+                return
+            for pid in rank_pids(run_dir, rank):
+                if pid not in during.killed:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                    during.killed.append(pid)
+            time.sleep(0.05)
+        subprocess.run(["scancel", job_id])
+        pytest.fail(f"job {job_id} did not end within {deadline_s} s")
+    return during
+
+
+@pytest.mark.slurm
+@pytest.mark.mpi
+@pytest.mark.timeout(600)
+def test_a_cell_rank_killed_while_rank_0_starts_is_srun_again_and_a_start_lost_every_time_fails_with_69(
+        local_slurm, tmp_path_factory):
+    """Every step loses rank 4 (cell 3) at once: rank 0, still in its imports or MPI_Init, saves nothing and is
+    SIGKILLed at KillWait. The script sruns the step again twice (the checked-in script's run.max_relaunches: 2,
+    reason rank_lost_at_start), then the job fails with 69 and a ``rank_lost`` event: never preempted, never
+    requeued. (A step that an Open MPI MPI_Init crash ends is a start-up loss too: the same outcome.)"""
+    during = kill_rank_at_every_start(4)
+    job = run_job(tmp_path_factory, SHORT, during=during, timeout=300)
+    assert during.killed, job.err[-3000:]
+    assert (job.state, job.exit_code) == ("FAILED", 69), job.err[-4000:]
+    events = job.events()
+    kinds = [e["event"] for e in events]
+    assert kinds == ["relaunched", "relaunched", "rank_lost"], kinds
+    assert all(e["reason"] == "rank_lost_at_start" and e["after_exit"] >= 128 for e in events[:2]), events
+    assert events[-1]["at_start"] is True and events[-1]["relaunches"] == 2 and events[-1]["resume"] is None
+    assert not (job.run_dir / "resume").exists()  # nothing was applied, nothing saved
+    assert "the job fails with 69" in job.err and "requeued" not in job.err, job.err[-3000:]
+    restarts = subprocess.run(["scontrol", "show", "job", "-o", job.job_id], capture_output=True, text=True).stdout
+    assert "Restarts=0" in restarts, restarts
+    assert job.seconds < 240
 
 
 @pytest.mark.slurm

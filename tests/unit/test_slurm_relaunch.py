@@ -170,3 +170,118 @@ def test_a_signal_to_the_batch_shell_is_never_relaunched(tmp_path, signal_name):
     assert relaunched(run_dir) == [] and "relaunching" not in err
     log = run_dir / "scontrol.log"
     assert (log.is_file() and "requeue 7" in log.read_text()) == (signal_name == "USR1"), err
+
+
+# --- a step torn down while rank 0 started (a cell's rank killed before rank 0's main loop): srun's SIGKILL comes
+#     KillWait after its SIGTERM, while rank 0 still imports or sits in MPI_Init: no event, nothing saved
+
+def started_step(run_dir: Path, resume_state: str | None = None) -> None:
+    """RUN_DIR as such a step leaves it: the resume state it started from (``resume_state``; None: a new run), an
+    earlier step's events, RUN_DIR/.step-start, and nothing of its own."""
+    if resume_state is not None:
+        (run_dir / "resume").mkdir(parents=True)
+        (run_dir / "resume" / "state.json").write_text(resume_state)
+    with open(run_dir / "events.jsonl", "a") as f:
+        f.write(json.dumps({"t": 0.5, "wall": time.time() - 200, "event": "start"}) + "\n")
+    (run_dir / ".step-start").touch()
+    past = time.time() - 100
+    os.utime(run_dir / ".step-start", (past, past))
+
+
+def events(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("code", [137, 143])
+def test_a_new_run_torn_down_while_rank_0_started_is_relaunched_with_nothing_saved(tmp_path, code):
+    started_step(tmp_path)
+    assert ask(tmp_path, code) == 0
+    (e,) = relaunched(tmp_path)
+    assert (e["attempt"], e["after_exit"], e["reason"]) == (1, code, "rank_lost_at_start")
+    assert not (tmp_path / "resume").exists()
+
+
+def test_a_resumed_run_torn_down_while_rank_0_started_is_relaunched_from_its_untouched_state(tmp_path):
+    started_step(tmp_path, resume_state='{"steps": 3}')
+    assert ask(tmp_path, 137) == 0
+    assert relaunched(tmp_path)[0]["reason"] == "rank_lost_at_start"
+    assert (tmp_path / "resume" / "state.json").read_text() == '{"steps": 3}'
+
+
+@pytest.mark.parametrize("code", [1, 2, 70])
+def test_a_step_whose_ranks_exited_on_their_own_while_starting_is_not_relaunched(tmp_path, code):
+    """A status below 128: no rank was killed (a config error on every rank, a broken install, srun itself)."""
+    started_step(tmp_path)
+    assert ask(tmp_path, code) == 1 and relaunched(tmp_path) == []
+
+
+def test_a_rank_that_raised_while_the_step_started_is_an_error_never_relaunched(tmp_path):
+    started_step(tmp_path)
+    (tmp_path / "errors").mkdir()
+    (tmp_path / "errors" / "rank2.txt").write_text("EngineError: cannot load the model\n")
+    assert ask(tmp_path, 137) == 1 and relaunched(tmp_path) == []
+
+
+def test_an_earlier_steps_error_file_does_not_stop_a_start_up_relaunch(tmp_path):
+    (tmp_path / "errors").mkdir()
+    (tmp_path / "errors" / "rank2.txt").write_text("EngineError: an earlier step\n")
+    started_step(tmp_path)
+    old = time.time() - 300
+    os.utime(tmp_path / "errors" / "rank2.txt", (old, old))
+    assert ask(tmp_path, 137) == 0
+
+
+def test_a_preemption_while_rank_0_started_is_not_a_start_up_loss(tmp_path):
+    started_step(tmp_path)
+    step(tmp_path, "preempted", signal_name="SIGUSR1")  # rank 0 saved the empty state and logged it
+    assert ask(tmp_path, 143) == 1 and relaunched(tmp_path) == []
+
+
+@pytest.mark.parametrize("done, most", [(2, 2), (0, 0)])
+def test_a_start_up_loss_after_the_budget_is_a_failure_with_its_own_exit_and_event(tmp_path, done, most):
+    started_step(tmp_path, resume_state="{}")
+    assert ask(tmp_path, 137, done, most) == relaunch.AT_START_FAILED == 69
+    assert relaunched(tmp_path) == []
+    last = events(tmp_path)[-1]
+    assert (last["event"], last["at_start"], last["srun_exit"], last["relaunches"]) == ("rank_lost", True, 137, done)
+    assert last["resume"] == str(tmp_path / "resume") and "preempted" not in [e["event"] for e in events(tmp_path)]
+    assert last["t"] >= 0.5  # the run's time line goes on
+
+
+#: srun double: a step torn down while rank 0 started (a rank SIGKILLed, rank 0 SIGKILLed at KillWait: no event, no
+#: state; srun 137); the ``LOSSES`` first steps do that, the next one finishes
+STARTUP_SRUN = """#!/bin/bash
+n=$(cat "$GYRE_RUN_DIR/steps" 2>/dev/null || echo 0); echo $((n + 1)) > "$GYRE_RUN_DIR/steps"
+if (( n < LOSSES )); then exit 137; fi
+echo '{"steps": 2}' > "$GYRE_RUN_DIR/summary.json"; exit 0
+"""
+
+
+def startup_job(tmp_path: Path, losses: int, overrides=()) -> tuple[subprocess.Popen, Path]:
+    return run_rendered_script(tmp_path, STARTUP_SRUN.replace("LOSSES", str(losses)), overrides)
+
+
+def test_the_script_sruns_a_step_torn_down_while_rank_0_started_again_and_the_job_completes(tmp_path):
+    proc, run_dir = startup_job(tmp_path, 1)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert (run_dir / "steps").read_text().strip() == "2"
+    assert not (run_dir / "scontrol.log").exists()  # relaunched inside the allocation, never requeued
+    assert [(e["after_exit"], e["reason"]) for e in relaunched(run_dir)] == [(137, "rank_lost_at_start")]
+
+
+def test_a_start_that_is_lost_every_time_fails_the_job_with_69_after_the_budget_never_requeued(tmp_path):
+    proc, run_dir = startup_job(tmp_path, 99)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 69, err
+    assert (run_dir / "steps").read_text().strip() == "3"  # the first step and 2 relaunches (run.max_relaunches)
+    assert not (run_dir / "scontrol.log").exists()
+    kinds = [e["event"] for e in events(run_dir)]
+    assert kinds == ["relaunched", "relaunched", "rank_lost"] and "the job fails with 69" in err
+
+
+def test_with_no_relaunches_a_start_up_loss_fails_the_job_with_69_at_once(tmp_path):
+    proc, run_dir = startup_job(tmp_path, 99, ["run.max_relaunches=0"])
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 69 and (run_dir / "steps").read_text().strip() == "1", err
+    assert [e["event"] for e in events(run_dir)] == ["rank_lost"]

@@ -12,9 +12,9 @@ from gyre_hpc.resume import PREEMPTED_EXIT
 
 
 def seg(exit=69, saved=True, resume_state=True, resumed=False, preempted=False, stepped=True,
-        checkpointed=False) -> Segment:
+        checkpointed=False, started=True) -> Segment:
     return Segment(exit=exit, saved=saved, resume_state=resume_state, resumed=resumed, preempted=preempted,
-                   stepped=stepped, checkpointed=checkpointed)
+                   stepped=stepped, checkpointed=checkpointed, started=started)
 
 
 def test_a_lost_rank_with_its_resume_state_saved_is_relaunched_while_the_budget_lasts():
@@ -75,6 +75,8 @@ class SegmentsDouble:
     def __call__(self) -> int:
         kind = self.script[self.calls]
         self.calls += 1
+        if kind == "lost at start":  # a rank killed while rank 0 imported: rank 0 killed too, no event, no state
+            return 69  # what _failed makes of it (its rank_lost event is the double's on_failure's business)
         with open(self.events, "a") as f:
             f.write(json.dumps({"t": float(self.calls), "event": "resumed" if self.calls > 1 else "started",
                                 "steps_done": self.steps_saved}) + "\n")
@@ -225,3 +227,57 @@ def test_the_periodic_save_interval_may_change_across_a_resume():
     saved = to_dict(load_config("configs/local.yaml", []))
     now = to_dict(load_config("configs/local.yaml", ["run.resume_every_steps=5"]))
     assert resume.config_changes(saved, now) == {}
+
+
+# --- a rank lost while the segment started (before rank 0's main loop): nothing applied, nothing saved
+
+def test_a_new_run_torn_down_while_it_started_is_relaunched_with_no_state_to_resume():
+    fresh = seg(saved=False, resume_state=False, stepped=False, started=False)
+    assert relaunch_reason(fresh, 0, 2) == supervise.AT_START == "rank_lost_at_start"
+    assert relaunch_reason(fresh, 1, 2) == "rank_lost_at_start"
+
+
+def test_a_resumed_run_torn_down_before_it_resumed_is_relaunched_from_the_state_it_started_from():
+    assert relaunch_reason(seg(saved=False, resume_state=True, stepped=False, started=False), 0, 2) == \
+        "rank_lost_at_start"
+
+
+def test_a_start_up_loss_is_bounded_by_the_budget_and_never_outranks_a_preemption_or_an_error():
+    fresh = dict(saved=False, resume_state=False, stepped=False, started=False)
+    assert relaunch_reason(seg(**fresh), 2, 2) is None
+    assert relaunch_reason(seg(**fresh), 0, 0) is None
+    assert relaunch_reason(seg(**fresh, preempted=True), 0, 2) is None
+    assert relaunch_reason(seg(**{**fresh, "exit": 70}), 0, 2) is None  # a rank raised while starting: same again
+    assert relaunch_reason(seg(**{**fresh, "exit": 75}), 0, 2) is None
+
+
+def test_a_segment_whose_rank_0_reached_its_main_loop_is_not_a_start_up_loss():
+    assert relaunch_reason(seg(saved=False, resume_state=False, started=True), 0, 2) is None  # it may have trained
+    assert not seg(saved=True, started=False).at_start  # lost_rank_saved is written from the main loop
+
+
+@pytest.mark.parametrize("kinds, started", [
+    ((), False), (("rank_lost",), False), (("relaunched", "rank_lost"), False),
+    (("start",), True), (("resumed",), True), (("start", "started"), True),
+])
+def test_a_segment_started_once_its_rank_0_logged_start_or_resumed(tmp_path, kinds, started):
+    events = tmp_path / "events.jsonl"
+    events.write_text("".join(json.dumps({"t": 0.0, "event": k}) + "\n" for k in kinds))
+    assert supervise.segment(tmp_path, events, 69, 0, False).started is started
+
+
+def test_a_new_run_lost_while_it_started_is_relaunched_without_a_resume_precheck_and_finishes(tmp_path):
+    def precheck():
+        raise ConfigError("--resume: no resume state there")  # what gyre train's pre-check says of a new run
+
+    code, calls, failures, relaunched = run(tmp_path, ["lost at start", "done"], precheck=precheck)
+    assert (code, calls, failures) == (0, 2, [(69, 0)])
+    assert [(e["attempt"], e["after_exit"], e["reason"]) for e in relaunched] == [(1, 69, "rank_lost_at_start")]
+    assert not (tmp_path / "resume").exists()
+
+
+def test_a_start_that_is_lost_every_time_ends_after_the_budget_with_the_lost_ranks_exit(tmp_path):
+    code, calls, failures, relaunched = run(tmp_path, ["lost at start"] * 4, max_relaunches=2)
+    assert (code, calls) == (69, 3)
+    assert [e["attempt"] for e in relaunched] == [1, 2]
+    assert [c for c, _ in failures] == [69, 69, 69]
