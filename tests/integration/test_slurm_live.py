@@ -244,7 +244,6 @@ def test_a_cell_rank_killed_while_rank_0_starts_is_srun_again_and_a_start_lost_e
     assert "the job fails with 69" in job.err and "requeued" not in job.err, job.err[-3000:]
     restarts = subprocess.run(["scontrol", "show", "job", "-o", job.job_id], capture_output=True, text=True).stdout
     assert "Restarts=0" in restarts, restarts
-    assert job.seconds < 240
 
 
 @pytest.mark.slurm
