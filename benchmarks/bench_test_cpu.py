@@ -10,7 +10,8 @@ mean number of busy cores: on a 2-core machine a ratio near 2 means CPU-bound (r
 cannot help), well under 1 means mostly waiting (overlapping it with CPU-bound tests would).
 
 ``--top N`` also prints the CPU seconds of the N largest kinds of process (a kind: the command line's program
-and module, e.g. ``python -m gyre_hpc.engines.local_server``), to see where a test's CPU goes.
+and module, e.g. ``python -m gyre_hpc.engines.local``; a live run's ranks apart: ``(rank 0)``, ``(cell rank)``), to
+see where a test's CPU goes.
 
 Only meaningful when nobody else's SLURM jobs run on the local cluster during the measurement (else --no-slurm).
 """
@@ -54,6 +55,8 @@ def kind(pid: int) -> str:
     if not args:
         return "?"
     prog = os.path.basename(args[0])
+    if prog.startswith("python") and "--run-dir" in args:  # a rank of a live run: rank 0 apart from the cells
+        return f"{_python_kind(args)} ({'rank 0' if _mpi_rank(pid) == '0' else 'cell rank'})"
     if prog.startswith("python"):
         for i, a in enumerate(args[1:], 1):
             if a == "-m" and i + 1 < len(args):
@@ -64,6 +67,25 @@ def kind(pid: int) -> str:
             if a == "-c":
                 return "python -c"
     return prog
+
+
+def _python_kind(args: list[str]) -> str:
+    for i, a in enumerate(args[1:], 1):
+        if a == "-m" and i + 1 < len(args):
+            return f"python -m {args[i + 1]}" + (f" {args[i + 2]}" if i + 2 < len(args) and
+                                                  not args[i + 2].startswith("-") else "")
+    return os.path.basename(args[0])
+
+
+def _mpi_rank(pid: int) -> str | None:
+    """The MPI rank in a process's environment (Open MPI's or SLURM's), None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+    except OSError:
+        return None
+    got = env.get(b"OMPI_COMM_WORLD_RANK") or env.get(b"PMIX_RANK") or env.get(b"SLURM_PROCID")
+    return got.decode() if got is not None else None
 
 
 def descendants(procs: dict, roots: set[int]) -> set[int]:

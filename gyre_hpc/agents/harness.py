@@ -39,7 +39,7 @@ from typing import Sequence
 import httpx
 import numpy as np
 
-from gyre_hpc import auth
+from gyre_hpc import auth, tls
 from gyre_hpc.agents.env import Episode, Generate, Tool, rid_for
 from gyre_hpc.agents.workload import Workload
 from gyre_hpc.clock import Clock, WallClock
@@ -111,7 +111,8 @@ class Harness:
                 return list(await asyncio.gather(*(self._run(client, None, ep) for ep in episodes)))
             finally:
                 await client.aclose()
-        transport = self.post_transport or httpx.AsyncHTTPTransport(retries=1, limits=KEEPALIVE)
+        transport = self.post_transport or httpx.AsyncHTTPTransport(retries=1, limits=KEEPALIVE,
+                                                                         verify=tls.context())
         try:
             return list(await asyncio.gather(*(self._run_scoped(ep, transport) for ep in episodes)))
         finally:

@@ -27,7 +27,7 @@ from typing import Sequence
 
 import httpx
 
-from gyre_hpc import auth
+from gyre_hpc import auth, tls
 from gyre_hpc.agents.harness import RunResult, _post
 from gyre_hpc.agents.plugins import Plugins, grade_run, load_plugins, run_agent, run_status
 from gyre_hpc.agents.repo_tasks import RepoTask, load_tasks, make_workspace
@@ -71,7 +71,7 @@ class PluginHarness:
     async def run_async(self, groups: Sequence[int]) -> list[RunResult]:
         # the harness (not the agent) posts outcomes: it holds the job secret; the pool drops idle connections
         # before the server does (engines.client.KEEPALIVE: a post on a closing connection loses its outcome)
-        transport = httpx.AsyncHTTPTransport(retries=1, limits=KEEPALIVE)
+        transport = httpx.AsyncHTTPTransport(retries=1, limits=KEEPALIVE, verify=tls.context())
         async with httpx.AsyncClient(base_url=self.url, timeout=30.0, transport=transport,
                                      headers=auth.bearer(auth.job_secret())) as posts:
             runs = [(g, i) for g in groups for i in range(self.cfg.runs_per_group)]

@@ -19,7 +19,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import httpx
 
-from gyre_hpc import auth
+from gyre_hpc import auth, tls
 from gyre_hpc.config import EngineConfig
 from gyre_hpc.engines.protocol import GenerateResult
 from gyre_hpc.errors import EngineError
@@ -200,7 +200,8 @@ class EngineClient:
                  token: str | None = None):
         self.url = url.rstrip("/")
         self._http = httpx.Client(base_url=self.url, timeout=_timeout(timeout, connect_timeout),
-                                  transport=httpx.HTTPTransport(retries=connect_retries, limits=_LIMITS),
+                                  transport=httpx.HTTPTransport(retries=connect_retries, limits=_LIMITS,
+                                                                verify=tls.context()),
                                   headers=auth.bearer(token or auth.job_secret()))
 
     @classmethod
@@ -317,7 +318,8 @@ class AsyncEngineClient:
         self.url = url.rstrip("/")
         self._http = httpx.AsyncClient(base_url=self.url, timeout=_timeout(timeout, connect_timeout),
                                        transport=httpx.AsyncHTTPTransport(retries=connect_retries,
-                                                                          limits=_LIMITS),
+                                                                          limits=_LIMITS,
+                                                                          verify=tls.context()),
                                        headers=auth.bearer(token or auth.job_secret()))
 
     @classmethod

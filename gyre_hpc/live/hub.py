@@ -87,16 +87,19 @@ class Hub:
         self.incoming.put(group)
 
     def poll(self) -> bool:
-        """Answer waiting requests and take step records; True if anything happened."""
+        """Answer waiting requests and take step records; True if anything happened: a step record came, a group
+        went out or was re-issued. A WANT answered with ``None`` changed nothing: it is no reason for rank 0's loop
+        to poll again at once (a training cell with nothing to train asks every 20 ms; resetting the loop's
+        back-off for each kept rank 0 polling at its shortest sleep: benchmarks/results/test_cpu.md)."""
         self._take_incoming()
         busy = self._reissue_lost()
         while (got := dp.poll(self.comm, dp.STEPPED)) is not None:
             busy = True
             self._stepped(got[1])
         while (got := dp.poll(self.comm, dp.WANT)) is not None:
-            busy = True
             rank, want = got
             group = self._next(want["cell"])
+            busy |= group is not None
             self.comm.send({"version": self.version, "group": group}, dest=rank, tag=dp.GROUP)
         return busy
 

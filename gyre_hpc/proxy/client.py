@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import httpx
 
-from gyre_hpc import auth
+from gyre_hpc import auth, tls
 from gyre_hpc.engines.protocol import GenerateResult
 from gyre_hpc.proxy.routing import ProxyError
 
@@ -21,7 +21,7 @@ class ProxyClient:
     def __init__(self, url: str, timeout: float = 600.0, token: str | None = None):
         """``token``: the job secret (default ``$GYRE_JOB_SECRET``) or a run key, sent as a Bearer token."""
         self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, timeout=timeout,
+        self._http = httpx.Client(base_url=self.url, timeout=timeout, verify=tls.context(),
                                   headers=auth.bearer(token or auth.job_secret()))
 
     def _call(self, method: str, path: str, body: Any = None, **params: Any) -> Any:

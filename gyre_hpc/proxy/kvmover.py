@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import httpx
 
-from gyre_hpc import auth
+from gyre_hpc import auth, tls
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.proxy.events import EventLog
 from gyre_hpc.proxy.movers import MoveCost, MovePlan
@@ -47,7 +47,7 @@ class KVMover:
         self.clock = clock or WallClock()  # the moves' seconds
         self.keep_version = version_policy == "keep"
         self._http = httpx.AsyncClient(timeout=timeout_s, headers=auth.bearer(token or auth.job_secret()),
-                                       transport=transport)
+                                       transport=transport, verify=tls.context())
 
     async def _post(self, url: str, path: str, body: dict) -> dict:
         try:

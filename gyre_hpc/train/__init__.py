@@ -12,3 +12,8 @@ import warnings
 # megatron-core warns at import, once per module, that TransformerEngine/Apex are absent; on the CPU that is the
 # expected configuration (docs/training.md), and four copies per process drown the progress line.
 warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+
+# megatron-core's fused functions compile when first called, not at its import (gyre_hpc/train/lazy_compile.py)
+from gyre_hpc.train import lazy_compile  # noqa: E402
+
+lazy_compile.install()
