@@ -9,8 +9,9 @@ Invariants (tests/unit/test_listen.py)
 - ``interface(None, one_machine)`` is ``"lo"`` exactly when the whole job runs on one machine (``gyre train``'s
   mpirun; ``slurm.local_cluster``), ``""`` (off) otherwise; ``""`` is off everywhere; a name is itself.
 - ``batch_lines("")`` is empty: with the key off, a script has no trace of the shim.
-- The shim reaches only the step's tasks (srun's ``--export`` through ``SLURM_EXPORT_ENV``), never the batch shell or
-  srun itself: srun's own listeners stay where SLURM puts them.
+- The shim reaches only the step's tasks (srun's ``--export`` through ``SLURM_EXPORT_ENV``, after what sbatch's own
+  ``--export`` put there, ``ALL`` if nothing), never the batch shell or srun itself: srun's own listeners stay where
+  SLURM puts them.
 - The lines never fail the script (``set -euo pipefail``): without the library (no C compiler) the step runs with
   wildcard listeners, and ``python -m gyre_hpc.live.bind_local`` has printed why on stderr.
 """
@@ -54,6 +55,6 @@ def batch_lines(name: str, python: str) -> list[str]:
         f"export {ENV}={shlex.quote(name)}",
         f'GYRE_BIND_LOCAL="$({python} -m gyre_hpc.live.bind_local || true)"',
         'if [[ -n "$GYRE_BIND_LOCAL" ]]; then',
-        '  export SLURM_EXPORT_ENV="ALL,LD_PRELOAD=$GYRE_BIND_LOCAL${LD_PRELOAD:+:$LD_PRELOAD}"',
+        '  export SLURM_EXPORT_ENV="${SLURM_EXPORT_ENV:-ALL},LD_PRELOAD=$GYRE_BIND_LOCAL${LD_PRELOAD:+:$LD_PRELOAD}"',
         "fi",
     ]

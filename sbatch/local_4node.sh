@@ -36,7 +36,7 @@ export OMP_NUM_THREADS=1
 export GYRE_LISTEN_INTERFACE=lo
 GYRE_BIND_LOCAL="$(python3 -m gyre_hpc.live.bind_local || true)"
 if [[ -n "$GYRE_BIND_LOCAL" ]]; then
-  export SLURM_EXPORT_ENV="ALL,LD_PRELOAD=$GYRE_BIND_LOCAL${LD_PRELOAD:+:$LD_PRELOAD}"
+  export SLURM_EXPORT_ENV="${SLURM_EXPORT_ENV:-ALL},LD_PRELOAD=$GYRE_BIND_LOCAL${LD_PRELOAD:+:$LD_PRELOAD}"
 fi
 
 # --- run directory: gyre submit sets GYRE_RUN_DIR; a plain sbatch uses run.out_dir/run.name-JOBID
