@@ -9,6 +9,7 @@ Invariants (tests/unit/test_listen.py)
 - ``interface(None, one_machine)`` is ``"lo"`` exactly when the whole job runs on one machine (``gyre train``'s
   mpirun; ``slurm.local_cluster``), ``""`` (off) otherwise; ``""`` is off everywhere; a name is itself.
 - ``batch_lines("")`` is empty: with the key off, a script has no trace of the shim.
+- Service children (engines, the proxy) keep the interface only when it is ``lo`` (``services_keep``).
 - The shim reaches only the step's tasks (srun's ``--export`` through ``SLURM_EXPORT_ENV``, after what sbatch's own
   ``--export`` put there, ``ALL`` if nothing), never the batch shell or srun itself: srun's own listeners stay where
   SLURM puts them.
@@ -32,6 +33,14 @@ def interface(setting: str | None, one_machine: bool) -> str:
     if setting is None:
         return LOOPBACK if one_machine else ""
     return setting
+
+
+def services_keep(name: str) -> bool:
+    """Whether the engines and the proxy a rank starts keep the shim's interface ``name`` (else it is dropped from
+    their environment and the inherited shim binds nothing there): only the loopback interface. Their own
+    listeners bind ``engine.host`` / ``proxy.host``; their internal wildcard ones (torch's TCPStore, SGLang's) are
+    reached at 127.0.0.1, which another interface's address would refuse."""
+    return name == LOOPBACK
 
 
 def name_error(name: str) -> str | None:

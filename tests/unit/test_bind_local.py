@@ -212,3 +212,16 @@ def test_an_interface_this_machine_lacks_is_a_config_error_naming_the_key():
     bind_local.require_interface("")
     with pytest.raises(ConfigError, match=r"cluster\.listen_interface: this machine has no interface 'nosuch0'"):
         bind_local.require_interface("nosuch0")
+
+
+@pytest.mark.parametrize("interface,kept", [("lo", True), ("eth0", False), ("", False)])
+def test_engines_and_the_proxy_keep_the_shims_interface_only_when_it_is_loopback(monkeypatch, interface, kept):
+    """A service's internal wildcard listeners (torch's TCPStore) are reached at 127.0.0.1: another interface's
+    address would refuse them, so there the inherited shim is told nothing and binds nothing."""
+    from gyre_hpc import auth
+    from gyre_hpc.engines.children import child_env
+
+    monkeypatch.setenv(auth.ENV, "s" * 43)
+    monkeypatch.setenv(ENV, interface)
+    assert (child_env().get(ENV) == interface) == kept
+    assert (ENV in child_env()) == kept
