@@ -11,7 +11,7 @@
  *
  * Rules (tests/unit/test_bind_local.py):
  *  - bind of an AF_INET stream/datagram socket to 0.0.0.0:P    -> the interface's IPv4 address, port P;
- *  - bind of an AF_INET6 stream/datagram socket to [::]:P:
+ *  - bind of an AF_INET6 stream/datagram socket to [::]:P (or [::ffff:0.0.0.0]:P: -> ::ffff:<IPv4 address>):
  *      dual-stack socket (IPV6_V6ONLY off, Linux's default)   -> ::ffff:<IPv4 address>, port P (it keeps
  *                                                                serving the IPv4 address peers are told);
  *                                                                an interface without IPv4: its IPv6 address
@@ -143,8 +143,8 @@ static int v6_only(int fd) {
 
 /* Fill *out with the rewritten address of a wildcard bind of family ``family`` to ``port`` (network order).
  * Returns 1 when rewritten, -1 (errno EADDRNOTAVAIL) when there is nothing to rewrite to. */
-static int rewrite(int fd, int family, in_port_t port, const char *name, struct sockaddr_storage *out,
-                   socklen_t *out_len) {
+static int rewrite(int fd, int family, int mapped_any, in_port_t port, const char *name,
+                   struct sockaddr_storage *out, socklen_t *out_len) {
     struct iface_addrs ifa;
     memset(out, 0, sizeof *out);
     if (read_interface(name, &ifa) != 0)
@@ -166,11 +166,16 @@ static int rewrite(int fd, int family, in_port_t port, const char *name, struct 
     s6->sin6_family = AF_INET6;
     s6->sin6_port = port;
     *out_len = sizeof *s6;
-    if (!v6_only(fd) && ifa.has4) { /* dual-stack: the IPv4-mapped address, reachable at the IPv4 address */
+    if ((mapped_any || !v6_only(fd)) && ifa.has4) { /* dual-stack: IPv4-mapped, reachable at the IPv4 address */
         s6->sin6_addr.s6_addr[10] = 0xff;
         s6->sin6_addr.s6_addr[11] = 0xff;
         memcpy(&s6->sin6_addr.s6_addr[12], &ifa.v4, 4);
         return 1;
+    }
+    if (mapped_any) { /* ::ffff:0.0.0.0 means IPv4's any: only an IPv4 address replaces it */
+        warn_once(name, "IPv4");
+        errno = EADDRNOTAVAIL;
+        return -1;
     }
     if (ifa.has6) {
         s6->sin6_addr = ifa.v6;
@@ -186,13 +191,23 @@ static int rewrite(int fd, int family, in_port_t port, const char *name, struct 
     return -1;
 }
 
+/* ::ffff:0.0.0.0, IPv4's any address on an IPv6 socket */
+static int is_mapped_any(const struct in6_addr *a) {
+    static const unsigned char prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    return memcmp(a->s6_addr, prefix, 12) == 0 && a->s6_addr[12] == 0 && a->s6_addr[13] == 0 &&
+           a->s6_addr[14] == 0 && a->s6_addr[15] == 0;
+}
+
+/* 0 for a specific address; 1 for 0.0.0.0 or ::; 2 for ::ffff:0.0.0.0 */
 static int is_wildcard(const struct sockaddr *addr, socklen_t len) {
     if (addr == NULL)
         return 0;
     if (addr->sa_family == AF_INET && len >= (socklen_t)sizeof(struct sockaddr_in))
         return ((const struct sockaddr_in *)addr)->sin_addr.s_addr == htonl(INADDR_ANY);
-    if (addr->sa_family == AF_INET6 && len >= (socklen_t)sizeof(struct sockaddr_in6))
-        return IN6_IS_ADDR_UNSPECIFIED(&((const struct sockaddr_in6 *)addr)->sin6_addr);
+    if (addr->sa_family == AF_INET6 && len >= (socklen_t)sizeof(struct sockaddr_in6)) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)addr)->sin6_addr;
+        return IN6_IS_ADDR_UNSPECIFIED(a) ? 1 : is_mapped_any(a) ? 2 : 0;
+    }
     return 0;
 }
 
@@ -200,11 +215,12 @@ int bind(int fd, const struct sockaddr *addr, socklen_t len) {
     const char *name = interface_name();
     struct sockaddr_storage moved;
     socklen_t moved_len = 0;
-    if (name == NULL || !is_wildcard(addr, len) || socket_type(fd) == 0)
+    int wildcard = name == NULL ? 0 : is_wildcard(addr, len);
+    if (wildcard == 0 || socket_type(fd) == 0)
         return real_bind()(fd, addr, len);
     in_port_t port = addr->sa_family == AF_INET ? ((const struct sockaddr_in *)addr)->sin_port
                                                 : ((const struct sockaddr_in6 *)addr)->sin6_port;
-    if (rewrite(fd, addr->sa_family, port, name, &moved, &moved_len) < 0)
+    if (rewrite(fd, addr->sa_family, wildcard == 2, port, name, &moved, &moved_len) < 0)
         return -1;
     return real_bind()(fd, (const struct sockaddr *)&moved, moved_len);
 }
@@ -220,7 +236,7 @@ int listen(int fd, int backlog) {
         /* never bound: the kernel would bind the wildcard address with an ephemeral port */
         struct sockaddr_storage moved;
         socklen_t moved_len = 0;
-        if (rewrite(fd, self.ss_family, 0, name, &moved, &moved_len) < 0 ||
+        if (rewrite(fd, self.ss_family, 0, 0, name, &moved, &moved_len) < 0 ||
             real_bind()(fd, (const struct sockaddr *)&moved, moved_len) != 0)
             return -1;
     }

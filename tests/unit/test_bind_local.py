@@ -82,6 +82,11 @@ def test_a_dual_stack_wildcard_bind_gets_the_ipv4_mapped_address_and_peers_reach
     assert answer == "ok"
 
 
+def test_ipv4s_any_address_on_an_ipv6_socket_is_a_wildcard_too(lib):
+    assert bound(None, None, family="AF_INET6", host="::ffff:0.0.0.0")[0][0] == "::ffff:0.0.0.0"
+    assert bound(lib, "lo", family="AF_INET6", host="::ffff:0.0.0.0")[0][0] == "::ffff:127.0.0.1"
+
+
 def test_an_ipv6_only_wildcard_bind_gets_the_interfaces_ipv6_address(lib):
     assert bound(lib, "lo", family="AF_INET6", host="::", v6only=1)[0][0] == "::1"
     assert bound(lib, "lo", family="AF_INET6", kind="SOCK_DGRAM", host="::", v6only=1)[0][0] == "::1"
