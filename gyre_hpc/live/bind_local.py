@@ -15,6 +15,8 @@ Invariants (tests/unit/test_bind_local.py)
   process never loads a half-written library, also when several build at once.
 - No C compiler, or a failed build: one line on stderr (``gyre: ...``), ``library()`` returns None and
   ``preload_env`` adds nothing: the run goes on with wildcard listeners, never a crash.
+- A library (or cache directory) that another user owns or that group or others can write is never loaded (every
+  process of the job would run its code): a warning, and no shim.
 - ``preload_env`` keeps an existing ``LD_PRELOAD`` (after the shim) and adds nothing for interface ``""``.
 - Standard library only.
 """
@@ -59,18 +61,24 @@ def warn(message: str) -> None:
 
 def library(cache: Path | None = None, compiler: str | None = None) -> Path | None:
     """The built library (compiled now if this source was never built here), or None after a one-line warning."""
-    target = library_path(cache)
+    try:
+        target = library_path(cache)
+    except RuntimeError as exc:  # Path.home(): no HOME and no passwd entry
+        warn(f"no cache directory for the shim ({exc}; set XDG_CACHE_HOME)")
+        return None
     if any(c in str(target) for c in " ,:"):  # LD_PRELOAD splits on spaces and colons, srun's --export on commas
         warn(f"the library's path {target} has a space, comma or colon (set XDG_CACHE_HOME)")
         return None
     if target.is_file():
-        return target
+        return _trusted(target)
     cc = shutil.which(compiler or os.environ.get(CC_ENV) or "cc")
     if cc is None:
         warn(f"no C compiler ({compiler or os.environ.get(CC_ENV) or 'cc'}) to build {SOURCE.name}")
         return None
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if _trusted(target.parent) is None:
+            return None
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
         os.close(fd)
     except OSError as exc:
@@ -91,6 +99,17 @@ def library(cache: Path | None = None, compiler: str | None = None) -> Path | No
         return None
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def _trusted(path: Path) -> Path | None:
+    """``path`` if it and its directory belong to this user and nobody else can write them (every process of the
+    job loads this code); else None after a warning."""
+    for p in (path.parent, path) if path.is_file() else (path,):
+        st = p.stat()
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            warn(f"{p} is not this user's alone (owner uid {st.st_uid}, mode {st.st_mode & 0o777:o}): not loaded")
+            return None
+    return path
 
 
 def preload_env(env: Mapping[str, str], interface: str, lib: Path | None = None) -> dict[str, str]:

@@ -230,3 +230,11 @@ def test_engines_and_the_proxy_keep_the_shims_interface_only_when_it_is_loopback
     monkeypatch.setenv(ENV, interface)
     assert (child_env().get(ENV) == interface) == kept
     assert (ENV in child_env()) == kept
+
+
+@pytest.mark.parametrize("what", ["library", "directory"])
+def test_a_library_others_can_write_is_never_loaded(tmp_path, capsys, what):
+    lib = bind_local.library(cache=tmp_path)
+    (lib if what == "library" else tmp_path).chmod(0o777 if what == "directory" else 0o666)
+    assert bind_local.library(cache=tmp_path) is None
+    assert "is not this user's alone" in capsys.readouterr().err
