@@ -15,6 +15,7 @@ setup(
     "rollout and training mid-batch, and a trajectory processor that trains each shared token once.",
     python_requires=">=3.10",
     packages=find_packages(include=["gyre_hpc", "gyre_hpc.*", "jobs"]),
+    package_data={"gyre_hpc": ["native/*.c"]},  # the bind shim's source, compiled at first use (live/bind_local.py)
     install_requires=["numpy>=1.24", "pyyaml>=6", "matplotlib>=3.7", "tqdm>=4.60", "xxhash>=3"],
     extras_require={
         "train": TRAIN,

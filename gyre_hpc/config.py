@@ -24,6 +24,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 import yaml
 
+from gyre_hpc import listen
 from gyre_hpc.errors import ConfigError, FieldError, require
 
 
@@ -103,8 +104,16 @@ class ClusterConfig:
     gpus_per_node: int = param(0, "GPUs per node; 0 means CPU-only cells (the embedded default).")
     tensor_parallel: int = param(1, "Tensor-parallel size of one training replica / engine inside a cell.")
     pipeline_parallel: int = param(1, "Pipeline-parallel size of one training replica inside a cell.")
+    listen_interface: str | None = param(
+        None, "Interface whose address the run's wildcard listeners bind (mpirun, Open MPI's TCP BTL, Mooncake's "
+        "handshake: an LD_PRELOAD shim, gyre_hpc/native/bind_local.c; each process reads its own node's address); "
+        "null = lo where the whole job runs on one machine (gyre train, slurm.local_cluster), off on a real "
+        "cluster; \"\" = off; a name (ib0, eth0) = that interface on every node (docs/reliability.md).")
 
     def check(self) -> None:
+        if self.listen_interface is not None:
+            problem = listen.name_error(self.listen_interface)
+            require(problem is None, "listen_interface", problem or "")
         for key in ("cells", "nodes_per_cell", "tensor_parallel", "pipeline_parallel"):
             require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         require(self.gpus_per_node >= 0, "gpus_per_node", f"must be >= 0, got {self.gpus_per_node}")

@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     events_path = run_dir / cfg.allocator.events_file
 
     def launch_once() -> int:
-        code = launch(args, cfg.cluster.cells, run_dir, preemption)
+        code = launch(args, cfg.cluster.cells, run_dir, preemption, listen_interface=cfg.cluster.listen_interface)
         _stop_left_behind(run_dir)
         return code
 

@@ -31,6 +31,14 @@ export OMPI_ALLOW_RUN_AS_ROOT=1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMP_NUM_THREADS=1
 
+# --- listeners of the step's tasks bind lo's address (cluster.listen_interface): an LD_PRELOAD shim
+#     (gyre_hpc/native/bind_local.c) for what has no bind setting (Open MPI's TCP BTL, Mooncake); tasks only
+export GYRE_LISTEN_INTERFACE=lo
+GYRE_BIND_LOCAL="$(python3 -m gyre_hpc.live.bind_local || true)"
+if [[ -n "$GYRE_BIND_LOCAL" ]]; then
+  export SLURM_EXPORT_ENV="${SLURM_EXPORT_ENV:-ALL},LD_PRELOAD=$GYRE_BIND_LOCAL${LD_PRELOAD:+:$LD_PRELOAD}"
+fi
+
 # --- run directory: gyre submit sets GYRE_RUN_DIR; a plain sbatch uses run.out_dir/run.name-JOBID
 RUN_DIR="${GYRE_RUN_DIR:-runs/local_4node-$SLURM_JOB_ID}"
 mkdir -p "$RUN_DIR"

@@ -8,7 +8,9 @@
 - with the job secret (``auth.ensure_secret``: generated here when the process has none) and the parent's PID
   (``serving.PARENT_ENV``, for the child's own watchdog) in its environment, never on its command line;
 - with SIGUSR1 (the ranks' preemption signal; on submitit's tasks the time-limit signal too) ignored from its
-  first instruction.
+  first instruction;
+- with the bind shim's interface (``gyre_hpc.listen``) only when it is the loopback one: a child's internal
+  wildcard listeners (torch's TCPStore) are reached at 127.0.0.1, which another interface's address would refuse.
 
 Invariants (tests/integration/test_no_orphans.py)
 - Linux delivers the parent-death signal when the *thread* that forked the child exits, so every child is forked
@@ -26,7 +28,7 @@ import signal
 import subprocess
 from typing import IO, Mapping, Sequence
 
-from gyre_hpc import auth, rank_signals
+from gyre_hpc import auth, listen, rank_signals
 
 PR_SET_PDEATHSIG = 1
 PARENT_ENV = "GYRE_PARENT_PID"  # the same name as serving.PARENT_ENV (serving imports FastAPI; this must not)
@@ -71,6 +73,8 @@ def child_env(drop: Sequence[str] = ()) -> dict[str, str]:
     secret = auth.ensure_secret()
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update({auth.ENV: secret, PARENT_ENV: str(os.getpid())})
+    if not listen.services_keep(env.get(listen.ENV, "")):  # the bind shim (inherited) then binds nothing here
+        env.pop(listen.ENV)
     return env
 
 

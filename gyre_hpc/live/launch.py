@@ -13,6 +13,9 @@ Invariants
   signal: SIGTERM/SIGUSR1 to the launcher write that file; a second SIGTERM or SIGINT interrupts instead (every
   rank's stacks go to RUN_DIR/traces/, then mpirun's whole session ends).
 - mpirun gets SIGTERM when the launcher dies, even by SIGKILL: no process of the run outlives it.
+- mpirun and the ranks (and their children) load the bind shim (``live/bind_local.py``) with the interface of
+  ``cluster.listen_interface`` (lo by default): their wildcard listeners bind its address; an interface this
+  machine lacks is a ``ConfigError`` before anything starts; without a C compiler, one warning and the run goes on.
 - Standard library at import time; psutil and the engines' child helper only when used.
 """
 from __future__ import annotations
@@ -26,9 +29,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gyre_hpc import listen
 from gyre_hpc.clock import WallClock
 from gyre_hpc.errors import ConfigError
 from gyre_hpc.io import atomic_write_text
+from gyre_hpc.live import bind_local
 from gyre_hpc.openmpi import LOCAL_EXPORTS, SINGLE_HOST_EXPORTS
 
 #: set by ``gyre train`` for the ranks it launches: they learn of a preemption from RUN_DIR/preempt.request,
@@ -36,26 +41,21 @@ from gyre_hpc.openmpi import LOCAL_EXPORTS, SINGLE_HOST_EXPORTS
 LAUNCHED_ENV = "GYRE_LAUNCHED"
 
 
-def launch(args: argparse.Namespace, cells: int, run_dir: Path, pending=None) -> int:
+def launch(args: argparse.Namespace, cells: int, run_dir: Path, pending=None,
+           listen_interface: str | None = None) -> int:
     """mpirun this job with 1 + cells ranks and wait for it; SIGTERM/SIGUSR1 preempt it (RUN_DIR/preempt.request,
-    which rank 0 polls; ``pending``: a signal noted before mpirun started), a second one or SIGINT interrupts it."""
+    which rank 0 polls; ``pending``: a signal noted before mpirun started), a second one or SIGINT interrupts it.
+    ``listen_interface``: ``cluster.listen_interface`` (null: lo, the job is on this machine)."""
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         raise ConfigError("cluster.cells: a live run needs mpirun (apt-get install openmpi-bin) and mpi4py")
-    root = str(Path(__file__).resolve().parents[2])
+    interface = listen.interface(listen_interface, one_machine=True)
+    bind_local.require_interface(interface)  # ConfigError before anything starts
     from gyre_hpc import auth
 
     os.environ[auth.ENV] = auth.new_secret()  # this job's own secret (never one inherited from the shell)
     auth.write_secret(run_dir, os.environ[auth.ENV])  # to the ranks through the environment only
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
-    env.update(dict(e.split("=", 1) for e in LOCAL_EXPORTS))  # Open MPI over loopback TCP, as root
-    env.update(dict(e.split("=", 1) for e in SINGLE_HOST_EXPORTS))  # one host: shared memory, no rank listens
-    env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
-               PYTHONPATH=os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p))
-    env[LAUNCHED_ENV] = "1"
-    from gyre_hpc.live.lost import KILL_AFTER_S
-
-    env["OMPI_MCA_odls_base_sigkill_timeout"] = str(KILL_AFTER_S)  # a lost rank: rank 0 has time to save
+    env = mpirun_env(interface)
     cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-n", str(1 + cells)] + rank_command(args, run_dir)
     from gyre_hpc.live.preempt import REQUEST_FILE
 
@@ -72,6 +72,25 @@ def launch(args: argparse.Namespace, cells: int, run_dir: Path, pending=None) ->
         except BaseException:
             _stop_ranks(proc, run_dir)
             raise
+
+
+def mpirun_env(interface: str) -> dict[str, str]:
+    """mpirun's environment, which every rank inherits: this process's, without a caller's MPI/SLURM world, with
+    Open MPI's one-host settings, and the bind shim for ``interface`` (``""``: none, and an inherited
+    ``GYRE_LISTEN_INTERFACE`` dropped, so an inherited shim binds nothing either)."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM", "PMI_"))}
+    env.update(dict(e.split("=", 1) for e in LOCAL_EXPORTS))  # Open MPI over loopback TCP, as root
+    env.update(dict(e.split("=", 1) for e in SINGLE_HOST_EXPORTS))  # one host: shared memory, no rank listens
+    env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
+               PYTHONPATH=os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p))
+    env[LAUNCHED_ENV] = "1"
+    env.pop(listen.ENV, None)
+    env.update(bind_local.preload_env(env, interface))  # mpirun's and every rank's wildcard listeners: the interface
+    from gyre_hpc.live.lost import KILL_AFTER_S
+
+    env["OMPI_MCA_odls_base_sigkill_timeout"] = str(KILL_AFTER_S)  # a lost rank: rank 0 has time to save
+    return env
 
 
 def _dies_with_launcher():

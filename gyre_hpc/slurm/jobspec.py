@@ -19,6 +19,7 @@ Invariants (tests/unit/test_jobspec.py)
 - ``slurm_srun_args`` are ``Layout.control_srun_args()`` without ``--nodelist`` (the hostfile replaces it).
 - The hostfile has ``1 + cells`` lines, the rank nodes in rank order (``Layout.rank_nodes`` at run time).
 - Local-executor and simulation keywords ask for one node and one task.
+- The setup lines carry the bind shim's lines exactly as the sbatch script does (``gyre_hpc.listen.batch_lines``).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from gyre_hpc import listen
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.slurm.layout import local_nodes, plan
 from gyre_hpc.slurm_options import parse_signal, time_seconds
@@ -62,6 +64,7 @@ def setup_lines(cfg: GyreConfig, run_dir: str | Path) -> list[str]:
     exports = (LOCAL_EXPORTS if s.local_cluster else ()) + s.exports
     lines = [f"export {k}={shlex.quote(v)}" for k, v in (e.split("=", 1) for e in exports)]
     lines += list(s.setup)
+    lines += listen.batch_lines(listen.interface(c.listen_interface, s.local_cluster), shlex.quote(s.python))
     hostfile = shlex.quote(str(Path(run_dir) / "hostfile")) + '-"$SLURM_JOB_ID"'
     lines += [
         "# rank 0 on the first node, rank k+1 on the first node of cell k (gyre_hpc.slurm.layout)",

@@ -30,6 +30,8 @@ Invariants
 - The srun flags are ``Layout.control_srun_args()`` with the node list computed at run time, so the script and
   the ranks' own placement check agree.
 - Open MPI loopback settings appear only when ``slurm.local_cluster`` is true.
+- The bind shim's lines (``gyre_hpc.listen.batch_lines``) appear only when ``cluster.listen_interface`` names an
+  interface, or is null with ``slurm.local_cluster`` true (then ``lo``).
 - The script requeues itself only when ``slurm.requeue`` is true and ``slurm.max_requeues`` > 0, only on the
   preempted exit status (``gyre_hpc.resume.PREEMPTED_EXIT``) or a resume state the step wrote, never after a
   SIGTERM to the batch shell (a plain ``scancel``; unless TERM is the preemption signal), and exits with the
@@ -51,6 +53,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from gyre_hpc import listen
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.openmpi import LOCAL_EXPORTS
 from gyre_hpc.preempt_request import REQUEST_FILE, SBATCH_ENV
@@ -131,7 +134,8 @@ def _environment(cfg: GyreConfig) -> list[str]:
     elif exports:
         out += ["", "# --- environment (slurm.exports)"]
     out += [f"export {k}={shlex.quote(v)}" for k, v in (e.split("=", 1) for e in exports)]
-    return out
+    shim = listen.batch_lines(listen.interface(cfg.cluster.listen_interface, s.local_cluster), shlex.quote(s.python))
+    return out + ([""] + shim if shim else [])
 
 
 def _launch(cfg: GyreConfig, layout, config_path: str, overrides: Sequence[str]) -> list[str]:

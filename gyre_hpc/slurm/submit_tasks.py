@@ -86,7 +86,8 @@ def train_local(config: str, run_dir: str) -> dict[str, Any]:
     from gyre_hpc.live.launch import launch
 
     cfg = load_config(config)
-    code = launch(_args(config, run_dir), cfg.cluster.cells, Path(run_dir))
+    code = launch(_args(config, run_dir), cfg.cluster.cells, Path(run_dir),
+                  listen_interface=cfg.cluster.listen_interface)
     summary = _summary(Path(run_dir), f"mpirun exit {code}")
     if code != 0:
         raise GyreError(f"mpirun exited with {code}; see {run_dir} (mpirun.log, cells/, traces/)")

@@ -204,10 +204,11 @@ echo "$*" >> "$GYRE_RUN_DIR/scontrol.log"
 """
 
 
-def run_rendered_script(tmp_path: Path, srun: str, overrides=(), wait_for_step: bool = False):
+def run_rendered_script(tmp_path: Path, srun: str, overrides=(), wait_for_step: bool = False, env=None):
     """The script rendered from the embedded config (+ ``overrides``) started under bash, with srun (``srun``: a
     double's text) and scontrol (FAKE_SCONTROL) replaced at their boundary and python3 this interpreter; with
-    ``wait_for_step``, returned once the srun double touched RUN_DIR/step-running. Returns (process, RUN_DIR)."""
+    ``wait_for_step``, returned once the srun double touched RUN_DIR/step-running; ``env``: more variables for the
+    batch shell. Returns (process, RUN_DIR)."""
     import time
 
     cfg = load_config(None, ["slurm.signal=USR1@60", *overrides])
@@ -222,7 +223,7 @@ def run_rendered_script(tmp_path: Path, srun: str, overrides=(), wait_for_step: 
     script.write_text(render_sbatch(cfg, "c.yaml"))
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "GYRE_RUN_DIR": str(run_dir), "SLURM_JOB_ID": "7",
            "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_NODELIST": "n[1-9]", "NODES": str(node_count(cfg)),
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": str(ROOT), **(env or {})}
     proc = subprocess.Popen(["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 30
     while wait_for_step and not (run_dir / "step-running").exists() and time.time() < deadline and proc.poll() is None:
