@@ -28,6 +28,8 @@ Invariants (tests/integration/test_live_training.py)
 - Only the core reports training progress; it reports a step only in TRAIN (or while leaving it), so the
   allocator never sees progress from a rolling-out cell.
 - A group taken from the hub is finished (its gradients reach the core) before any switch is carried out.
+- A send left pending when Shutdown came keeps its request (and so its pickled buffer) until the process ends:
+  MPI may still read the buffer when the core drains its data plane.
 - A satellite's weight pull that fails after Shutdown came (the core closed its weights when the run ended) ends
   the cell in order (Bye) instead of crashing the rank, which would fail the whole SLURM step
   (tests/integration/test_slurm_live.py); a pull that fails while the run goes on still raises.
@@ -81,6 +83,7 @@ class CellRunner:
         self.work_s = 0.0
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
         self.stash: list = []  # orders that came while a data-plane answer was awaited
+        self.unsent: list = []  # sends left pending when the run ended: their buffers must outlive them
         self.signalled = preemption or Preemption()  # rank 0 coordinates; a cell only notes the signal
         self.preempted = False
         self._carry_stats()
@@ -268,7 +271,10 @@ class CellRunner:
         while not req.test()[0]:
             self.link.beat()
             if any(isinstance(o, Shutdown) for o in self.stash):
-                return  # the run is over; the core no longer receives
+                # the run is over: the core drains what is left unread, and MPI may still read this send's
+                # pickled buffer then; dropping the request would free it under MPI (the core read garbage)
+                self.unsent.append(req)
+                return
             order = self.link.next_order(0.002)
             if order is not None:
                 self.stash.append(order)
