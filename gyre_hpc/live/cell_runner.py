@@ -215,8 +215,7 @@ class CellRunner:
 
     # ------------------------------------------------------------------ training
     def _drop_grads(self) -> None:
-        while dp.poll(self.comm, dp.GRADS) is not None:
-            pass
+        dp.discard(self.comm, dp.GRADS)
 
     def _train_once(self) -> None:
         self.comm.send({"cell": self.cell}, dest=dp.HUB, tag=dp.WANT)

@@ -114,6 +114,20 @@ def poll(comm: Any, tag: int, source: int = MPI.ANY_SOURCE) -> tuple[int, Any] |
     return status.Get_source(), msg.recv()
 
 
+def discard(comm: Any, tag: int) -> int:
+    """Receive and drop every message with ``tag`` waiting now, as raw bytes (never unpickled: a message dropped
+    at the end of a run need not decode, and mpi4py sends a large pickled object's out-of-band buffers as messages
+    of their own); returns how many."""
+    n = 0
+    while True:
+        status = MPI.Status()
+        msg = comm.improbe(source=MPI.ANY_SOURCE, tag=tag, status=status)
+        if msg is None:
+            return n
+        msg.Recv([bytearray(status.Get_count(MPI.BYTE)), MPI.BYTE])
+        n += 1
+
+
 def wait(comm: Any, tag: int, source: int, timeout_s: float, idle=None) -> Any:
     """The next payload with ``tag`` from ``source``; ``idle()`` runs between polls (heartbeats)."""
     got = wait_until(lambda: poll(comm, tag, source), timeout_s, poll_s=1e-4, max_poll_s=5e-3, idle=idle)
