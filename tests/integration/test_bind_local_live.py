@@ -12,6 +12,8 @@ import textwrap
 
 import pytest
 
+from slurm_cluster import local_slurm  # noqa: F401  (fixture)
+
 from gyre_hpc.listen import batch_lines
 from gyre_hpc.live import bind_local
 from gyre_hpc.live.launch import mpirun_env
@@ -43,10 +45,13 @@ MOONCAKE = textwrap.dedent("""
         main()
 """)
 
-#: every rank reduces and broadcasts 1 MiB (the BTL wires up), then lists its own TCP listeners; rank 0 also
-#: lists mpirun's (its parent: single-host launch), and prints everything
+#: every rank reduces and broadcasts 1 MiB (the BTL wires up), then lists the TCP listeners it opened itself (not
+#: those it inherited: under srun every task holds slurmstepd's 0.0.0.0 listener from its start, SLURM's own,
+#: which no setting of a task can move; docs/reliability.md); rank 0 also lists mpirun's (its parent:
+#: single-host launch), and prints everything
 MPI_PROBE = textwrap.dedent("""
     import json, os, psutil
+    INHERITED = {c.fd for c in psutil.Process().net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
     from mpi4py import MPI
     print("mpi-init-done", flush=True)
     w = MPI.COMM_WORLD
@@ -54,7 +59,8 @@ MPI_PROBE = textwrap.dedent("""
     buf = bytearray(1 << 20) if w.Get_rank() else bytearray(b"x" * (1 << 20))
     w.Bcast(buf, root=0)
     def listening(p):
-        return [c.laddr.ip for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+        return [c.laddr.ip for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN
+                and not (p.pid == os.getpid() and c.fd in INHERITED)]
     mine = {"rank": w.Get_rank(), "sum": total, "bcast": bytes(buf[:1]).decode(), "ips": listening(psutil.Process())}
     if w.Get_rank() == 0 and os.environ.get("PROBE_PARENT"):
         mine["mpirun"] = listening(psutil.Process(os.getppid()))
