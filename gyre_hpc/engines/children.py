@@ -74,7 +74,7 @@ def child_env(drop: Sequence[str] = ()) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update({auth.ENV: secret, PARENT_ENV: str(os.getpid())})
     if not listen.services_keep(env.get(listen.ENV, "")):  # the bind shim (inherited) then binds nothing here
-        env.pop(listen.ENV)
+        env.pop(listen.ENV, None)
     return env
 
 

@@ -232,6 +232,16 @@ def test_engines_and_the_proxy_keep_the_shims_interface_only_when_it_is_loopback
     assert (ENV in child_env()) == kept
 
 
+def test_a_service_started_without_the_shims_variable_gets_an_environment_without_it(monkeypatch):
+    """Engines and proxies started outside a run (tests, ``gyre serve``) have no GYRE_LISTEN_INTERFACE at all."""
+    from gyre_hpc import auth
+    from gyre_hpc.engines.children import child_env
+
+    monkeypatch.setenv(auth.ENV, "s" * 43)
+    monkeypatch.delenv(ENV, raising=False)
+    assert ENV not in child_env()
+
+
 @pytest.mark.parametrize("what", ["library", "directory"])
 def test_a_library_others_can_write_is_never_loaded(tmp_path, capsys, what):
     lib = bind_local.library(cache=tmp_path)
