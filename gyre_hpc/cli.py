@@ -86,7 +86,28 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except GyreError as exc:
         print(f"gyre {args.command}: error: {exc}", file=sys.stderr)
+        _note_rank_error(args, exc)
         return 2
+
+
+def _note_rank_error(args: argparse.Namespace, exc: GyreError) -> None:
+    """A rank of a batch script's step that fails at start (a config or layout error: exit 2) leaves
+    RUN_DIR/errors/rankN.txt, as a rank that raises later does: the script's relaunch helper then reads the step
+    as an error, never as a rank lost while starting (gyre_hpc/slurm/relaunch.py: srun's status is the SIGTERM of
+    the ranks it ended after this one failed)."""
+    import os
+    from pathlib import Path
+
+    from gyre_hpc.preempt_request import SBATCH_ENV
+
+    run_dir, rank = getattr(args, "run_dir", None), os.environ.get("SLURM_PROCID")
+    if not run_dir or rank is None or not os.environ.get(SBATCH_ENV) or not Path(run_dir).is_dir():
+        return
+    try:
+        (Path(run_dir) / "errors").mkdir(exist_ok=True)
+        (Path(run_dir) / "errors" / f"rank{rank}.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":
