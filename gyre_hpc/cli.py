@@ -103,11 +103,9 @@ def _note_rank_error(args: argparse.Namespace, exc: GyreError) -> None:
     run_dir, rank = getattr(args, "run_dir", None), os.environ.get("SLURM_PROCID")
     if not run_dir or rank is None or not os.environ.get(SBATCH_ENV) or not Path(run_dir).is_dir():
         return
-    try:
-        (Path(run_dir) / "errors").mkdir(exist_ok=True)
-        (Path(run_dir) / "errors" / f"rank{rank}.txt").write_text(f"{type(exc).__name__}: {exc}\n")
-    except OSError:
-        pass
+    from gyre_hpc.live.rank import record_error
+
+    record_error(Path(run_dir), rank, exc)
 
 
 if __name__ == "__main__":

@@ -168,12 +168,18 @@ def _abort_world_on_error(rank: int, run_dir: Path | None = None):
         print(f"gyre train: rank {rank} failed; ending the MPI world", file=sys.stderr)
         exc = sys.exc_info()[1]
         if run_dir is not None and not isinstance(exc, KeyboardInterrupt):  # the launcher reports it as "error"
-            with contextlib.suppress(OSError):
-                (run_dir / "errors").mkdir(exist_ok=True)
-                (run_dir / "errors" / f"rank{rank}.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+            record_error(run_dir, rank, exc)
         traceback.print_exc()
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(1)
+
+
+def record_error(run_dir: Path, rank: int | str, exc: BaseException) -> None:
+    """RUN_DIR/errors/rankN.txt: why rank N failed (read by the launchers: ``gyre train`` reports the run as an
+    error, the batch script's relaunch helper never takes the step for a lost rank); best effort."""
+    with contextlib.suppress(OSError):
+        (run_dir / "errors").mkdir(exist_ok=True)
+        (run_dir / "errors" / f"rank{rank}.txt").write_text(f"{type(exc).__name__}: {exc}\n")
 
 
 def _role(cfg: GyreConfig, args: argparse.Namespace, run_dir: Path, transport, comm, preemption) -> int:
