@@ -2,13 +2,13 @@
 # Run the whole test suite the way CI does: start the local SLURM cluster (4 emulated nodes; installs Debian's
 # SLURM, munge, PMIx and Open MPI when missing, which needs root; SGLang too), run pytest, stop the cluster by PID.
 # Usage: bash scripts/test.sh [pytest args...]
-# Without arguments the whole suite runs in two pytest invocations (issue 14): first everything not marked mpi or
-# slurm (or serial: timing-sensitive) in GYRE_TEST_WORKERS parallel xdist workers (default 2; one test file per worker at a time, so a module's
-# engine starts once), then the mpi/slurm tests (each already runs several processes; see below). The exit
-# status is pytest's: the first invocation's when it is not 0, else the second's. With arguments: one plain pytest.
-# Each group ends with its 25 slowest tests (--durations=25), so that CI logs show where the time goes.
-# The second group runs as three: the SLURM tests beside the mpi-only tests, then the `serial` ones alone
-# (GYRE_TEST_OVERLAP=0: the whole second group in one pytest, one test at a time, as before).
+# Without arguments the whole suite runs in two groups (issue 14): first everything not marked mpi or slurm (or
+# serial: timing-sensitive) in GYRE_TEST_WORKERS parallel xdist workers (default 2; one test file per worker at a
+# time, so a module's engine starts once), then the mpi/slurm/serial tests (each already runs several processes)
+# in three pytest invocations: the SLURM tests beside the mpi-only tests, then the `serial` ones alone
+# (GYRE_TEST_OVERLAP=0: the whole second group in one pytest, one test at a time). The exit status is the first
+# non-zero pytest status, in that order, else 0. With arguments: one plain pytest.
+# Each invocation ends with its 25 slowest tests (--durations=25), so that CI logs show where the time goes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # the import contract first (issue 14): a new cycle or upward import fails before any test runs
