@@ -1,8 +1,10 @@
 """The local SLURM cluster for integration tests: a session fixture that uses it when it is up and starts it with
 scripts/local-slurm.sh when it is not (and then stops it again); it FAILS, never skips, when it cannot start.
 
-Also small helpers: ``sbatch`` (submit a bash script, wait, return its output) and functions that submitit
-jobs run (importable in the job because the fixture puts this directory on PYTHONPATH).
+Also small helpers: ``sbatch`` (submit a bash script, wait, return its output), ``job``/``ended``/``wait_until``
+(poll a job; a timeout fails with what the caller explains), ``start_requeued`` (lift SLURM's hold on a requeued
+job, and its launch-failure hold), and functions that submitit jobs run (importable in the job because the
+fixture puts this directory on PYTHONPATH).
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from gyre_hpc import clock
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "local-slurm.sh"
@@ -90,6 +94,51 @@ def wait_for(job_id: str, timeout: float = 60) -> tuple[str, int]:
         time.sleep(0.05)
     subprocess.run(["scancel", job_id])
     raise AssertionError(f"job {job_id} did not end within {timeout} s ({state.group(1) if state else out})")
+
+
+def job(job_id: str) -> str:
+    """The job's one-line ``scontrol show job`` record ("" once SLURM has forgotten it)."""
+    return subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
+
+
+def ended(job_id: str) -> bool:
+    state = re.search(r"JobState=(\S+)", job(job_id))
+    return bool(state) and state.group(1) in FINAL_STATES
+
+
+def wait_until(cond, what: str, timeout: float, explain=lambda: "") -> None:
+    """gyre_hpc.clock.wait_until polling every 0.2 s; on timeout fail with ``what`` and ``explain()`` (the job's
+    record, log tails)."""
+    if not clock.wait_until(cond, timeout, poll_s=0.2):
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{explain()}")
+
+
+#: a requeued job that SLURM holds after a failed launch: Priority=0, Reason=launch_failed_requeued_held or
+#: JobHeldAdmin/JobHeldUser
+HELD = re.compile(r"Priority=0 |Reason=\S*[Hh]eld")
+
+
+def start_requeued(job_id: str, *updates: str, timeout: float = 300) -> None:
+    """Start a requeued, PENDING job now, as an administrator would, applying ``updates`` (e.g.
+    ``TimeLimit=30``). SLURM holds a requeued job for about two minutes (Reason=BeginTime), lifted by
+    ``scontrol update JobId=J StartTime=now``. A start within a few seconds of the requeue can fail ("Job
+    credential revoked", more often on a loaded machine), and SLURM then holds the job (Priority=0) until
+    ``scontrol release``; both are lifted here, repeatedly, until the job runs or has ended."""
+    time.sleep(3)  # the requeue's own clean-up first: a start in its second fails with a revoked credential
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now", *updates], check=True)
+
+    def lifted() -> bool:
+        record = job(job_id)
+        if "JobState=PENDING" not in record:
+            return True
+        if HELD.search(record):
+            subprocess.run(["scontrol", "release", job_id], capture_output=True)
+        elif "Reason=BeginTime" in record:
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True)
+        return False
+
+    if not clock.wait_until(lifted, timeout, poll_s=2):
+        raise AssertionError(f"the requeued job {job_id} did not start within {timeout} s:\n{job(job_id)}")
 
 
 def sbatch(tmp_path: Path, body: str, *args: str, timeout: float = 60) -> JobRun:

@@ -10,13 +10,13 @@ configs/local_4node.yaml with 2 cells (1 + 2 ranks over pmix on 2 emulated nodes
   ``gyre train CONFIG --resume RUN_DIR`` continues by hand (docs/slurm.md, Preemption and requeue).
 
 SLURM holds a requeued job for about two minutes (its BeginTime); the test lifts the hold with
-``scontrol update JobId=J StartTime=now`` as an administrator would. Open MPI under ``srun --mpi=pmix`` crashes
+``scontrol update JobId=J StartTime=now`` as an administrator would, and the hold after a failed launch with
+``scontrol release`` (slurm_cluster.start_requeued). Open MPI under ``srun --mpi=pmix`` crashes
 in MPI_Init in ~5 % of starts (test_slurm_live.py): such a first start is retried once.
 """
 import json
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +25,7 @@ from gyre_hpc import resume
 from gyre_hpc.allocator.eventlog import read_events
 from gyre_hpc.config import load_config
 from gyre_hpc.slurm.sbatch import render_sbatch
-from slurm_cluster import ROOT, local_slurm, wait_for  # noqa: F401  (fixture)
+from slurm_cluster import ROOT, ended, job, local_slurm, start_requeued, wait_for, wait_until  # noqa: F401
 from test_local_cluster import OMPI_INIT_CRASH
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow,
@@ -53,16 +53,9 @@ def submit(tmp_path: Path, *args: str) -> tuple[str, Path, Path]:
     return sub.stdout.split(";")[0].strip(), run_dir, log
 
 
-def job(job_id: str) -> str:
-    return subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
-
-
-def wait_until(cond, what: str, timeout: float = TIMEOUT_S) -> None:
-    deadline = time.time() + timeout
-    while not cond():
-        if time.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+def wait(job_id: str, log: Path, cond, what: str, timeout: float = TIMEOUT_S) -> None:
+    """``wait_until`` failing with the job's record and the tail of its log."""
+    wait_until(cond, what, timeout, lambda: job(job_id) + (log.read_text()[-4000:] if log.exists() else ""))
 
 
 def steps_done(run_dir: Path) -> int:
@@ -70,15 +63,11 @@ def steps_done(run_dir: Path) -> int:
     return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
-def ended(job_id: str) -> bool:
-    return bool(re.search(r"JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|PREEMPTED)", job(job_id)))
-
-
 def running_after_first_step(tmp_path: Path, *args: str) -> tuple[str, Path, Path]:
     """A submitted job that has done its first optimizer step (one retry of an MPI_Init crash)."""
     for attempt in range(2):
         job_id, run_dir, log = submit(tmp_path / f"try{attempt}", *args)
-        wait_until(lambda: steps_done(run_dir) >= 1 or ended(job_id), "the first step")
+        wait(job_id, log, lambda: steps_done(run_dir) >= 1 or ended(job_id), "the first step")
         if "JobState=RUNNING" in job(job_id):
             return job_id, run_dir, log
         text = log.read_text() if log.exists() else ""
@@ -90,11 +79,10 @@ def running_after_first_step(tmp_path: Path, *args: str) -> tuple[str, Path, Pat
 def test_usr1_to_the_batch_shell_preempts_requeues_and_the_same_job_resumes_to_the_end(local_slurm, tmp_path):
     job_id, run_dir, log = running_after_first_step(tmp_path)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
-    wait_until(lambda: "Restarts=1" in job(job_id) or ended(job_id), "the requeue")
+    wait(job_id, log, lambda: "Restarts=1" in job(job_id) or ended(job_id), "the requeue")
     assert "Restarts=1" in job(job_id), (job(job_id), log.read_text()[-4000:])
-    wait_until(lambda: "JobState=PENDING" in job(job_id) or ended(job_id), "the requeued job to pend", 120)
-    time.sleep(3)  # a start in the second of the requeue fails: "Job credential revoked" (SLURM's hold avoids it)
-    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+    wait(job_id, log, lambda: "JobState=PENDING" in job(job_id) or ended(job_id), "the requeued job to pend", 120)
+    start_requeued(job_id)
     state, code = wait_for(job_id, TIMEOUT_S)
     text = log.read_text()
     assert (state, code) == ("COMPLETED", 0), text[-4000:]
@@ -121,7 +109,7 @@ def test_plain_scancel_cancels_without_requeue_and_any_resume_state_it_saved_is_
     state, _ = wait_for(job_id, 120)
     # only the batch shell could requeue (`scontrol requeue` in its exit path): wait for the event that would show
     # it, the shell's end; SLURM reports JobState=COMPLETING while any process of the job still runs
-    wait_until(lambda: "JobState=COMPLETING" not in job(job_id), "the batch shell to end", 120)
+    wait(job_id, log, lambda: "JobState=COMPLETING" not in job(job_id), "the batch shell to end", 120)
     assert state == "CANCELLED" and "JobState=CANCELLED" in job(job_id) and "Restarts=0" in job(job_id), \
         (job(job_id), log.read_text()[-3000:])
     assert not (run_dir / "summary.json").exists()

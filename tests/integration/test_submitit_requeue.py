@@ -11,18 +11,18 @@ the test follows the resumed segment to its first step, then cancels the job wit
 requeued (a SIGTERM to a job no longer RUNNING; the USR1 test runs its resume to the end).
 
 SLURM holds a requeued job for about two minutes (its BeginTime); the test lifts the hold with
-``scontrol update JobId=J StartTime=now`` as an administrator would (as test_slurm_preempt.py does)."""
+``scontrol update JobId=J StartTime=now`` as an administrator would, and the hold after a failed launch with
+``scontrol release`` (slurm_cluster.start_requeued, as test_slurm_preempt.py does). A wait that times out fails
+with the job's record and the tails of rank 0's submitit logs."""
 import json
-import re
 import subprocess
-import time
 
 import pytest
 
 import gyre_hpc
 from gyre_hpc.allocator.eventlog import read_events
 from gyre_hpc.slurm.submit_requeue import TrainRank
-from slurm_cluster import ROOT, local_slurm  # noqa: F401  (fixture)
+from slurm_cluster import ROOT, ended, job, local_slurm, start_requeued, wait_until  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow,
               pytest.mark.timeout(2400)]
@@ -35,20 +35,15 @@ LIVE = {"cluster.cells": 2, "allocator.steps": STEPS, "scheduler.policy": "async
 TIMEOUT_S = 900
 
 
-def job(job_id: str) -> str:
-    return subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
+def explain(run) -> str:
+    """The job's record and the tails of rank 0's submitit logs, for a wait that timed out."""
+    tails = [f"--- {path.name}\n{path.read_text()[-3000:]}" for path in
+             sorted((run.run_dir / "submitit").glob(f"{run.job_id}_0_log.*"))]
+    return "\n".join([job(run.job_id), *tails])
 
 
-def ended(job_id: str) -> bool:
-    return bool(re.search(r"JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|PREEMPTED)", job(job_id)))
-
-
-def wait_until(cond, what: str, timeout: float = TIMEOUT_S) -> None:
-    deadline = time.time() + timeout
-    while not cond():
-        if time.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+def wait(run, cond, what: str, timeout: float = TIMEOUT_S) -> None:
+    wait_until(cond, what, timeout, lambda: explain(run))
 
 
 def started(run) -> bool:
@@ -72,14 +67,13 @@ def test_a_preempted_submitit_job_is_requeued_and_resumes_to_the_end(local_slurm
     run = gyre_hpc.submit(str(ROOT / "configs" / "local_4node.yaml"), LIVE, executor="slurm",
                           **{"run.out_dir": str(tmp_path / "runs"), "run.name": "requeue"})
     # as soon as every rank is up (the steps of this small async job follow each other within a second)
-    wait_until(lambda: started(run) or ended(run.job_id), "the ranks to start")
+    wait(run, lambda: started(run) or ended(run.job_id), "the ranks to start")
     assert "JobState=RUNNING" in job(run.job_id), job(run.job_id)
     subprocess.run(["scancel", "--signal=USR1", run.job_id], check=True)  # every task of the step
-    wait_until(lambda: "Restarts=1" in job(run.job_id) or ended(run.job_id), "the requeue")
+    wait(run, lambda: "Restarts=1" in job(run.job_id) or ended(run.job_id), "the requeue")
     assert "Restarts=1" in job(run.job_id), job(run.job_id)
-    wait_until(lambda: "JobState=PENDING" in job(run.job_id) or ended(run.job_id), "the requeued job to pend", 120)
-    time.sleep(3)  # a start in the second of the requeue fails: "Job credential revoked"
-    subprocess.run(["scontrol", "update", f"JobId={run.job_id}", "StartTime=now"], check=True)
+    wait(run, lambda: "JobState=PENDING" in job(run.job_id) or ended(run.job_id), "the requeued job to pend", 120)
+    start_requeued(run.job_id)
     summary = run.result(timeout_s=TIMEOUT_S)
     assert summary["steps"] == STEPS and summary["segments"] == 2
     events = read_events(run.run_dir / "events.jsonl")
@@ -106,18 +100,17 @@ def test_a_submitit_job_that_reaches_its_time_limit_is_requeued_and_its_resumed_
     script = (run.run_dir / "submitit" / f"{run.job_id}_submission.sh").read_text()
     assert "#SBATCH --signal=USR2@120" in script and "#SBATCH --time=5" in script
     # nothing is sent to the job: SLURM's time-limit signal comes, the ranks save, rank 0 requeues
-    wait_until(lambda: "Restarts=1" in job(run.job_id) or ended(run.job_id), "the time-limit requeue")
+    wait(run, lambda: "Restarts=1" in job(run.job_id) or ended(run.job_id), "the time-limit requeue")
     assert "Restarts=1" in job(run.job_id), job(run.job_id)
-    wait_until(lambda: "JobState=PENDING" in job(run.job_id) or ended(run.job_id), "the requeued job to pend", 120)
-    time.sleep(3)  # a start in the second of the requeue fails: "Job credential revoked"
+    wait(run, lambda: "JobState=PENDING" in job(run.job_id) or ended(run.job_id), "the requeued job to pend", 120)
     # the hold lifted, and the limit too: a second segment that reached it again would be requeued again (up to
     # submitit's max_num_timeout times), but this test follows one time-limit requeue into the resumed segment
-    subprocess.run(["scontrol", "update", f"JobId={run.job_id}", "StartTime=now", "TimeLimit=30"], check=True)
+    start_requeued(run.job_id, "TimeLimit=30")
     # one step trained after the resume shows that it resumed and trains on (the USR1 test above, and the
     # gyre-train preemption tests, run resumed segments to the end): then the job is cancelled, ~2 min sooner
-    wait_until(lambda: stepped_after_resume(run) or ended(run.job_id), "a step of the resumed segment")
+    wait(run, lambda: stepped_after_resume(run) or ended(run.job_id), "a step of the resumed segment")
     subprocess.run(["scancel", run.job_id], check=True)  # a cancel, not a preemption: not requeued again
-    wait_until(lambda: ended(run.job_id), "the cancelled job to end", 120)
+    wait(run, lambda: ended(run.job_id), "the cancelled job to end", 120)
     assert "JobState=CANCELLED" in job(run.job_id) and "Restarts=1" in job(run.job_id), job(run.job_id)
     events = read_events(run.run_dir / "events.jsonl")
     pre, cancel = [e for e in events if e["event"] == "preempted"]  # the time limit's, then the scancel's

@@ -24,6 +24,18 @@ CFG = TransferConfig(backend="mooncake", timeout_s=TIMEOUT_S, chunk_bytes=1 << 2
 NBYTES = 6 << 20
 
 
+def pull_first(puller, desc, attempts: int = 3):
+    """A pull that only sets the scene for a test's subject (a kill, a freeze). The stall timeout here is 2 s, and
+    on a loaded 2-core CI machine a freshly spawned publisher's first serve has stalled that long (CI of stop 20:
+    "no transfer progress within 2s"): a timed-out attempt quarantines its buffer and is tried again."""
+    for attempt in range(attempts):
+        try:
+            return puller.pull(desc)
+        except TransferError:
+            if attempt == attempts - 1:
+                raise
+
+
 def assert_same(got, expected):
     assert list(got) == list(expected)
     for name, array in expected.items():
@@ -98,19 +110,20 @@ def test_corrupted_publisher_bytes_fail_the_checksum(puller):
 def test_killed_publisher_fails_fast_and_quarantines_the_destination():
     with PublisherProcess(CFG) as proc, make_puller(CFG) as puller:
         desc = proc.publish(version=1, nbytes=NBYTES, seed=7)
-        puller.pull(desc)
+        pull_first(puller, desc)
+        quarantined = puller.quarantined
         proc.kill()
         start = time.perf_counter()
         with pytest.raises(TransferError, match=rf"Mooncake read failed .* version 1 from {desc.location}"):
             puller.pull(desc)
         assert time.perf_counter() - start < TIMEOUT_S
-        assert puller.quarantined == 1
+        assert puller.quarantined == quarantined + 1
 
 
 def test_frozen_publisher_times_out_and_the_next_pull_uses_a_fresh_buffer():
     with PublisherProcess(CFG) as proc, make_puller(CFG) as puller:
         desc = proc.publish(version=1, nbytes=NBYTES, seed=8)
-        first, _ = puller.pull(desc)
+        first, _ = pull_first(puller, desc)
         os.kill(proc.process.pid, signal.SIGSTOP)
         try:
             start = time.perf_counter()
@@ -120,7 +133,7 @@ def test_frozen_publisher_times_out_and_the_next_pull_uses_a_fresh_buffer():
         finally:
             os.kill(proc.process.pid, signal.SIGCONT)
         assert TIMEOUT_S * 0.5 <= waited < TIMEOUT_S + 2  # Mooncake's own TCP default would wait 5 s
-        again, stats = puller.pull(desc)
+        again, stats = pull_first(puller, desc)  # the publisher runs on; under load it may stall once more
         assert stats.checksum_ok and not np.shares_memory(again["layers.0.weight"], first["layers.0.weight"])
         assert_same(again, synthetic_weights(NBYTES, 8))
 
