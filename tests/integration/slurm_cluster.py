@@ -85,15 +85,16 @@ FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT
 def wait_for(job_id: str, timeout: float = 60) -> tuple[str, int]:
     """Poll ``scontrol show job`` every 0.05 s (``sbatch --wait`` polls every 2-10 s) until the job has
     ended; return (state, exit code). On timeout, cancel the job and fail."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
-        state = re.search(r"JobState=(\S+)", out)
-        if state and state.group(1) in FINAL_STATES:
-            return state.group(1), int(re.search(r" ExitCode=(\d+):", out).group(1))
-        time.sleep(0.05)
-    subprocess.run(["scancel", job_id])
-    raise AssertionError(f"job {job_id} did not end within {timeout} s ({state.group(1) if state else out})")
+    def final_record() -> str:
+        record = job(job_id)
+        return record if ended_in(record) else ""
+
+    record = clock.wait_until(final_record, timeout, poll_s=0.05)
+    if not record:
+        subprocess.run(["scancel", job_id])
+        raise AssertionError(f"job {job_id} did not end within {timeout} s ({job(job_id)})")
+    state = re.search(r"JobState=(\S+)", record).group(1)
+    return state, int(re.search(r" ExitCode=(\d+):", record).group(1))
 
 
 def job(job_id: str) -> str:
@@ -101,9 +102,14 @@ def job(job_id: str) -> str:
     return subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
 
 
-def ended(job_id: str) -> bool:
-    state = re.search(r"JobState=(\S+)", job(job_id))
+def ended_in(record: str) -> bool:
+    """Whether a ``job`` record shows an end state."""
+    state = re.search(r"JobState=(\S+)", record)
     return bool(state) and state.group(1) in FINAL_STATES
+
+
+def ended(job_id: str) -> bool:
+    return ended_in(job(job_id))
 
 
 def wait_until(cond, what: str, timeout: float, explain=lambda: "") -> None:

@@ -24,8 +24,8 @@ CFG = TransferConfig(backend="mooncake", timeout_s=TIMEOUT_S, chunk_bytes=1 << 2
 NBYTES = 6 << 20
 
 
-def pull_first(puller, desc, attempts: int = 3):
-    """A pull that only sets the scene for a test's subject (a kill, a freeze). The stall timeout here is 2 s, and
+def pull_through_stalls(puller, desc, attempts: int = 3):
+    """A pull that is not the test's subject (before a kill or a freeze, and after it). The stall timeout here is 2 s, and
     on a loaded 2-core CI machine a freshly spawned publisher's first serve has stalled that long (CI of stop 20:
     "no transfer progress within 2s"): a timed-out attempt quarantines its buffer and is tried again."""
     for attempt in range(attempts):
@@ -110,7 +110,7 @@ def test_corrupted_publisher_bytes_fail_the_checksum(puller):
 def test_killed_publisher_fails_fast_and_quarantines_the_destination():
     with PublisherProcess(CFG) as proc, make_puller(CFG) as puller:
         desc = proc.publish(version=1, nbytes=NBYTES, seed=7)
-        pull_first(puller, desc)
+        pull_through_stalls(puller, desc)
         quarantined = puller.quarantined
         proc.kill()
         start = time.perf_counter()
@@ -123,7 +123,7 @@ def test_killed_publisher_fails_fast_and_quarantines_the_destination():
 def test_frozen_publisher_times_out_and_the_next_pull_uses_a_fresh_buffer():
     with PublisherProcess(CFG) as proc, make_puller(CFG) as puller:
         desc = proc.publish(version=1, nbytes=NBYTES, seed=8)
-        first, _ = pull_first(puller, desc)
+        first, _ = pull_through_stalls(puller, desc)
         os.kill(proc.process.pid, signal.SIGSTOP)
         try:
             start = time.perf_counter()
@@ -133,7 +133,7 @@ def test_frozen_publisher_times_out_and_the_next_pull_uses_a_fresh_buffer():
         finally:
             os.kill(proc.process.pid, signal.SIGCONT)
         assert TIMEOUT_S * 0.5 <= waited < TIMEOUT_S + 2  # Mooncake's own TCP default would wait 5 s
-        again, stats = pull_first(puller, desc)  # the publisher runs on; under load it may stall once more
+        again, stats = pull_through_stalls(puller, desc)  # the publisher runs on; under load it may stall once more
         assert stats.checksum_ok and not np.shares_memory(again["layers.0.weight"], first["layers.0.weight"])
         assert_same(again, synthetic_weights(NBYTES, 8))
 
