@@ -12,6 +12,9 @@ Invariants
   leaves its detokenizer otherwise). A started engine dies with the process that started it (``children.spawn``).
 - The job secret reaches the engine through its environment only; SGLang gets it as ``api-key`` in a 0600
   config file (``--config``), never on its command line.
+- Files a start writes where the caller named no place (the config, SGLang's secret file, the log) live in one
+  private scratch directory the handle owns (``scratch``); ``stop()`` removes it, also after a failed start, so
+  neither engine configs nor the job secret pile up in the temporary directory.
 - An engine never inherits the caller's torch.distributed rendezvous variables (``DIST_ENV``): started from a
   trainer process it still forms its own one-process world.
 - ``start_engine_on_free_port`` retries on another free port only when the engine could not bind its port
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -66,6 +70,7 @@ class EngineHandle:
     log_path: Path
     name: str = "engine"
     log_start: int = 0  # size of the log before this start (a log file can be shared by successive starts)
+    scratch: Path | None = None  # a private temporary directory of this start's files: removed by stop()
 
     @property
     def pid(self) -> int:
@@ -84,6 +89,12 @@ class EngineHandle:
         except OSError:
             return ""
 
+    def _log_ref(self) -> str:
+        """How an error names the log: its path, unless it lives in the scratch that ``stop()`` removes."""
+        if self.scratch is not None and self.log_path.parent == self.scratch:
+            return "its log (removed with the process)"
+        return f"log {self.log_path}"
+
     def _log_since_start(self) -> str:
         try:
             with open(self.log_path, "rb") as f:
@@ -93,29 +104,34 @@ class EngineHandle:
             return ""
 
     def stop(self, grace_s: float = 10.0) -> int:
-        """SIGTERM the engine's process group, SIGKILL it after ``grace_s``; returns the engine's exit status."""
-        return children.stop(self.process, grace_s)
+        """SIGTERM the engine's process group, SIGKILL it after ``grace_s``; returns the engine's exit status.
+        The handle's ``scratch`` directory goes with it."""
+        try:
+            return children.stop(self.process, grace_s)
+        finally:
+            if self.scratch is not None:
+                shutil.rmtree(self.scratch, ignore_errors=True)
 
     def wait_ready(self, timeout_s: float) -> None:
+        """Return once ``/health`` answers; raise ``EngineError`` (with the log's tail) when the process exits, fails
+        to bind its port or is not ready within ``timeout_s``. The caller stops it (``spawn_ready`` does)."""
         with EngineClient(self.url, connect_retries=0) as client:
             def ready() -> bool:
                 if not self.alive():
                     rc = self.process.returncode
                     how = f" ({KILLED_STARTING} {_signal_name(-rc)})" if rc is not None and rc < 0 else ""
                     raise EngineError(f"{self.name} at {self.url} exited with {rc}{how} before it "
-                                      f"was ready; log {self.log_path}:\n{self.log_tail()}")
+                                      f"was ready; {self._log_ref()}:\n{self.log_tail()}")
                 if client.health(timeout=2.0):
                     return True
                 if PORT_TAKEN in self._log_since_start():  # SGLang logs the failed bind, then hangs in shutdown
-                    self.stop()
-                    raise EngineError(f"{self.name} at {self.url} could not bind its port; log {self.log_path}:\n"
+                    raise EngineError(f"{self.name} at {self.url} could not bind its port; {self._log_ref()}:\n"
                                       f"{self.log_tail()}")
                 return False
 
             if wait_until(ready, timeout_s, poll_s=0.2):
                 return
-        self.stop()
-        raise EngineError(f"{self.name} at {self.url} not ready after {timeout_s:.0f} s; log {self.log_path}:\n"
+        raise EngineError(f"{self.name} at {self.url} not ready after {timeout_s:.0f} s; {self._log_ref()}:\n"
                           f"{self.log_tail()}")
 
     def __enter__(self) -> "EngineHandle":
@@ -125,21 +141,41 @@ class EngineHandle:
         self.stop()
 
 
-def _spawn(cmd: list[str], url: str, log_path: Path | None, timeout_s: float, name: str = "engine",
-           env_extra: dict[str, str] | None = None) -> EngineHandle:
+def scratch_dir(kind: str) -> Path:
+    """A new private (0700) temporary directory for one start's files; the handle removes it (``stop``)."""
+    return Path(tempfile.mkdtemp(prefix=f"gyre-{kind}-"))
+
+
+def spawn_ready(cmd: list[str], url: str, log_path: Path | None, timeout_s: float, name: str = "engine",
+                env: dict[str, str] | None = None, scratch: Path | None = None) -> EngineHandle:
+    """Run ``cmd`` in its own process group, logging to ``log_path`` (default: ``process.log`` in ``scratch``), and
+    return its handle once ``/health`` answers; a start that fails is stopped (``scratch`` removed) and raises."""
     if log_path is None:
-        fd, tmp = tempfile.mkstemp(prefix="gyre-engine-", suffix=".log")
-        os.close(fd)
-        log_path = Path(tmp)
+        scratch = scratch if scratch is not None else scratch_dir("process")
+        log_path = scratch / "process.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    # the engine is a world of its own: it must not join (or collide with) the caller's torch.distributed world
-    env = children.child_env(drop=DIST_ENV) | (env_extra or {})
     with open(log_path, "ab") as log:
         log_start = log.tell()
-        proc = children.spawn(cmd, log, env)
-    handle = EngineHandle(url, proc, Path(log_path), name, log_start=log_start)
-    handle.wait_ready(timeout_s)
+        try:
+            proc = children.spawn(cmd, log, env if env is not None else children.child_env())
+        except BaseException:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+            raise
+    handle = EngineHandle(url, proc, Path(log_path), name, log_start=log_start, scratch=scratch)
+    try:
+        handle.wait_ready(timeout_s)
+    except BaseException:
+        handle.stop()
+        raise
     return handle
+
+
+def _spawn(cmd: list[str], url: str, log_path: Path | None, timeout_s: float, name: str = "engine",
+           env_extra: dict[str, str] | None = None, scratch: Path | None = None) -> EngineHandle:
+    # the engine is a world of its own: it must not join (or collide with) the caller's torch.distributed world
+    env = children.child_env(drop=DIST_ENV) | (env_extra or {})
+    return spawn_ready(cmd, url, log_path, timeout_s, name, env, scratch)
 
 
 def start_local_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0, index: int = 0,
@@ -149,13 +185,14 @@ def start_local_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: i
     port = port if port is not None else engine_cfg.port_base + index
     cfg = GyreConfig(run=RunConfig(seed=seed), engine=engine_cfg, model=model_cfg)
     data = {k: v for k, v in to_dict(cfg).items() if k in ("run", "engine", "model")}
-    config_dir = Path(config_dir) if config_dir is not None else Path(tempfile.mkdtemp(prefix="gyre-engine-"))
-    config_path = atomic_write_text(config_dir / f"engine-{port}.yaml", yaml.safe_dump(data, sort_keys=False))
+    scratch = scratch_dir("engine") if config_dir is None else None
+    config_path = atomic_write_text(Path(config_dir or scratch) / f"engine-{port}.yaml",
+                                    yaml.safe_dump(data, sort_keys=False))
     cmd = [sys.executable, "-m", "gyre_hpc.engines.local", "--host", engine_cfg.host, "--port", str(port),
            "--config", str(config_path)]
     url = f"http://{engine_cfg.host}:{port}"
     return _spawn(cmd, url, Path(log_path) if log_path else None, engine_cfg.startup_timeout_s,
-                  f"{name} (local engine)")
+                  f"{name} (local engine)", scratch=scratch)
 
 
 def sglang_secret_config(directory: str | Path, port: int) -> Path:
@@ -251,6 +288,7 @@ def start_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0
     port = port if port is not None else engine_cfg.port_base + index
     url = f"http://{engine_cfg.host}:{port}"
     device = sglang_device(engine_cfg)
-    secret_config = sglang_secret_config(tempfile.mkdtemp(prefix="gyre-sglang-"), port)
+    scratch = scratch_dir("sglang")
+    secret_config = sglang_secret_config(scratch, port)
     return _spawn(sglang_command(engine_cfg, port, device, secret_config), url, Path(log_path) if log_path else None,
-                  engine_cfg.startup_timeout_s, f"{name} (sglang on {device})", sglang_env(device))
+                  engine_cfg.startup_timeout_s, f"{name} (sglang on {device})", sglang_env(device), scratch)

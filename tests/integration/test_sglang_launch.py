@@ -1,9 +1,10 @@
 """A real SGLang server that cannot start: ``start_engine`` raises ``EngineError`` naming the engine (the cell) and
-showing the tail of the server's log, and leaves no process behind."""
+showing the tail of the server's log, and leaves no process behind, and no file holding the job secret."""
 from __future__ import annotations
 
 import re
 import socket
+import tempfile
 
 import pytest
 
@@ -19,8 +20,12 @@ def _cfg(model_path) -> EngineConfig:
                         startup_timeout_s=600.0)
 
 
-def test_a_model_directory_without_weights_fails_with_the_cell_name_and_the_server_log_tail(tmp_path):
+def test_a_model_directory_without_weights_fails_with_the_cell_name_and_the_server_log_tail(tmp_path, monkeypatch):
     from gyre_hpc.models.init import init_model
+
+    temp_root = tmp_path / "tmp"  # where the start's scratch (SGLang's 0600 api-key config) goes
+    temp_root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp_root))
 
     model = init_model("qwen3", tmp_path / "broken", head_dim=16, ffn=128)
     (model / "model.safetensors").unlink()
@@ -31,6 +36,7 @@ def test_a_model_directory_without_weights_fails_with_the_cell_name_and_the_serv
     assert re.match(r"cell3 \(sglang on (cpu|cuda)\) at http://127\.0\.0\.1:\d+ exited with", message)
     tail = log.read_text(errors="replace").strip().splitlines()[-1]
     assert tail in message and "Cannot find any model weights" in message  # the log's tail is shown, with the cause
+    assert not list(temp_root.glob("gyre-*"))  # the scratch with the api-key config went with the failed server
 
 
 def test_a_model_path_that_is_not_a_directory_is_refused_before_anything_starts(tmp_path):
