@@ -14,7 +14,8 @@ Invariants
   config file (``--config``), never on its command line.
 - Files a start writes where the caller named no place (the config, SGLang's secret file, the log) live in one
   private scratch directory the handle owns (``scratch``); ``stop()`` removes it, also after a failed start, so
-  neither engine configs nor the job secret pile up in the temporary directory.
+  neither engine configs nor the job secret pile up in the temporary directory. An SGLang server's TMPDIR is its
+  scratch, so its own temporary files (ZMQ ipc sockets) go with it.
 - An engine never inherits the caller's torch.distributed rendezvous variables (``DIST_ENV``): started from a
   trainer process it still forms its own one-process world.
 - ``start_engine_on_free_port`` retries on another free port only when the engine could not bind its port
@@ -290,5 +291,8 @@ def start_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0
     device = sglang_device(engine_cfg)
     scratch = scratch_dir("sglang")
     secret_config = sglang_secret_config(scratch, port)
+    # TMPDIR: SGLang's own temporary files (ZMQ ipc sockets...) go to the scratch too, so that they do not outlive a
+    # server that ends by SIGKILL (its failed starts do)
+    env = sglang_env(device) | {"TMPDIR": str(scratch)}
     return _spawn(sglang_command(engine_cfg, port, device, secret_config), url, Path(log_path) if log_path else None,
-                  engine_cfg.startup_timeout_s, f"{name} (sglang on {device})", sglang_env(device), scratch)
+                  engine_cfg.startup_timeout_s, f"{name} (sglang on {device})", env, scratch)
