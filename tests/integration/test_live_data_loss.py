@@ -16,6 +16,7 @@ OVERRIDES = [
     "agent.runs_per_group=4", "agent.turns=[1, 2]", "agent.timeout_s=120", "run.name=dataloss",
     "allocator.hello_timeout_s=300", "proxy.startup_timeout_s=300", "train.epochs=1",
     "trajectory.max_row_tokens=2", "allocator.max_lost_group_share=0",
+    "engine.sleep_in_training=true",  # no engine restart per switch (CPU); restarts: test_live_training
 ]
 
 

@@ -17,6 +17,7 @@ OVERRIDES = [
     "scheduler.policy=gyre", "cluster.cells=3", "scheduler.batch_groups=2", "allocator.steps=3",
     "agent.runs_per_group=4", "agent.turns=[1, 2]", "agent.timeout_s=120", "run.name=gyre-ci",
     "allocator.hello_timeout_s=300",
+    "engine.sleep_in_training=true",  # no engine restart per switch (CPU); restarts: test_live_training
 ]
 
 

@@ -14,7 +14,8 @@ from slurm_cluster import ROOT, local_slurm, mpirun  # noqa: F401  (fixtures)
 pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow]
 LIVE = {"cluster.cells": 3, "scheduler.policy": "colocate", "scheduler.batch_groups": 2, "allocator.steps": 2,
         "agent.runs_per_group": 4, "agent.turns": [1, 2], "agent.timeout_s": 120, "allocator.hello_timeout_s": 300,
-        "proxy.startup_timeout_s": 180}
+        "proxy.startup_timeout_s": 180,
+        "engine.sleep_in_training": True}  # no engine restart per switch (CPU); restarts: test_live_training
 TIMEOUT_S = 540
 #: Open MPI's known MPI_Init crash under srun --mpi=pmix (docs/slurm-local.md): a start is retried once on it.
 OMPI_INIT_CRASH = "Segmentation fault"
