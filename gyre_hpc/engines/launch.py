@@ -15,7 +15,7 @@ Invariants
 - Files a start writes where the caller named no place (the config, SGLang's secret file, the log) live in one
   private scratch directory the handle owns (``scratch``); ``stop()`` removes it, also after a failed start, so
   neither engine configs nor the job secret pile up in the temporary directory. An SGLang server's TMPDIR is its
-  scratch, so its own temporary files (ZMQ ipc sockets) go with it.
+  scratch (when that path leaves room for a unix socket's name), so its own temporary files go with it.
 - An engine never inherits the caller's torch.distributed rendezvous variables (``DIST_ENV``): started from a
   trainer process it still forms its own one-process world.
 - ``start_engine_on_free_port`` retries on another free port only when the engine could not bind its port
@@ -207,6 +207,17 @@ def sglang_secret_config(directory: str | Path, port: int) -> Path:
     return path
 
 
+#: longest TMPDIR an SGLang server gets: its ZMQ ipc sockets are ``$TMPDIR/tmpXXXXXXXX`` (12 more characters),
+#: and a unix socket's path holds at most 107 (ZMQError "ipc path ... is longer than ..." otherwise)
+SGLANG_TMPDIR_MAX = 90
+
+
+def sglang_tmpdir(scratch: Path) -> dict[str, str]:
+    """``{TMPDIR: scratch}``, so that SGLang's own temporary files (its ZMQ ipc sockets) go with the scratch instead of
+    outliving a server that ends by SIGKILL (its failed starts do); nothing when the path is too long for them."""
+    return {"TMPDIR": str(scratch)} if len(str(scratch)) <= SGLANG_TMPDIR_MAX else {}
+
+
 def sglang_device(engine_cfg: EngineConfig) -> str:
     """``engine.device``, with ``auto`` resolved: cuda when torch sees a GPU, else cpu."""
     if engine_cfg.device != "auto":
@@ -291,8 +302,6 @@ def start_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0
     device = sglang_device(engine_cfg)
     scratch = scratch_dir("sglang")
     secret_config = sglang_secret_config(scratch, port)
-    # TMPDIR: SGLang's own temporary files (ZMQ ipc sockets...) go to the scratch too, so that they do not outlive a
-    # server that ends by SIGKILL (its failed starts do)
-    env = sglang_env(device) | {"TMPDIR": str(scratch)}
+    env = sglang_env(device) | sglang_tmpdir(scratch)
     return _spawn(sglang_command(engine_cfg, port, device, secret_config), url, Path(log_path) if log_path else None,
                   engine_cfg.startup_timeout_s, f"{name} (sglang on {device})", env, scratch)

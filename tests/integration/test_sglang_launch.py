@@ -3,8 +3,10 @@ showing the tail of the server's log, and leaves no process behind, and no file 
 from __future__ import annotations
 
 import re
+import shutil
 import socket
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -20,12 +22,18 @@ def _cfg(model_path) -> EngineConfig:
                         startup_timeout_s=600.0)
 
 
-def test_a_model_directory_without_weights_fails_with_the_cell_name_and_the_server_log_tail(tmp_path, monkeypatch):
-    from gyre_hpc.models.init import init_model
+@pytest.fixture
+def temp_root(monkeypatch):
+    """This process's temporary directory for the test alone: where a start's scratch goes (SGLang's 0600 api-key
+    config, its TMPDIR). Short, as SGLang's ipc sockets live there (``launch.SGLANG_TMPDIR_MAX``)."""
+    root = Path(tempfile.mkdtemp(prefix="gyre-test-"))
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
-    temp_root = tmp_path / "tmp"  # where the start's scratch (SGLang's 0600 api-key config) goes
-    temp_root.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(temp_root))
+
+def test_a_model_directory_without_weights_fails_with_the_cell_name_and_the_server_log_tail(tmp_path, temp_root):
+    from gyre_hpc.models.init import init_model
 
     model = init_model("qwen3", tmp_path / "broken", head_dim=16, ffn=128)
     (model / "model.safetensors").unlink()

@@ -226,6 +226,18 @@ def test_sglang_on_cpu_gets_the_cpu_device_env_and_a_bounded_kv_cache():
     assert sized[sized.index("--max-total-tokens") + 1] == "999" and "--device" not in sized
 
 
+def test_sglangs_tmpdir_is_its_scratch_unless_the_path_leaves_no_room_for_an_ipc_socket_name():
+    from pathlib import Path
+
+    from gyre_hpc.engines.launch import SGLANG_TMPDIR_MAX, sglang_tmpdir
+
+    assert sglang_tmpdir(Path("/tmp/gyre-sglang-abcdefgh")) == {"TMPDIR": "/tmp/gyre-sglang-abcdefgh"}
+    fits = "/" + "d" * (SGLANG_TMPDIR_MAX - 1)
+    assert sglang_tmpdir(Path(fits)) == {"TMPDIR": fits}
+    assert len(fits) + len("/tmpXXXXXXXX") < 108  # a unix socket's path, NUL included, fits in sun_path
+    assert sglang_tmpdir(Path(fits + "d")) == {}  # SGLang then keeps the caller's TMPDIR
+
+
 def test_client_reads_both_error_shapes_sglang_and_local_engine_answer_with():
     import httpx
 
