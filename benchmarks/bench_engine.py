@@ -20,7 +20,7 @@ import time
 
 from gyre_hpc.config import EngineConfig, ModelConfig
 from gyre_hpc.engines.client import AsyncEngineClient
-from gyre_hpc.engines.launch import free_port, start_local_engine
+from gyre_hpc.engines.launch import on_free_port, start_local_engine
 from gyre_hpc.io import atomic_write_text
 
 
@@ -87,7 +87,7 @@ def main() -> None:
     model = ModelConfig()
     engine = EngineConfig(max_running_requests=max(args.concurrency, 1), torch_threads=args.threads,
                           context_len=args.prompt_len + args.max_new_tokens)
-    with start_local_engine(engine, model, port=free_port()) as handle:
+    with on_free_port(start_local_engine, engine, model) as handle:
         res = measure(handle.url, args.repeats, args.concurrency, args.prompt_len, args.max_new_tokens)
     text = report(res, args, model, args.threads)
     print(text)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from gyre_hpc.config import EngineConfig, ModelConfig
 from gyre_hpc.engines.client import AsyncEngineClient
-from gyre_hpc.engines.launch import free_port, start_engine
+from gyre_hpc.engines.launch import on_free_port, start_engine
 from gyre_hpc.io import atomic_write_text
 
 CONCURRENCY = (1, 8, 16)
@@ -86,8 +86,8 @@ def main() -> None:
     local_cfg = EngineConfig(**common)
     sglang_cfg = EngineConfig(kind="sglang", model_path=str(model), **common)
     res: dict = {(k, n): [] for k in ("local", "sglang") for n in CONCURRENCY}
-    with start_engine(local_cfg, ModelConfig(hf_path=str(model)), port=free_port(), log_path=tmp / "local.log") as local, \
-            start_engine(sglang_cfg, ModelConfig(), port=free_port(), log_path=tmp / "sglang.log") as sglang:
+    with on_free_port(start_engine, local_cfg, ModelConfig(hf_path=str(model)), log_path=tmp / "local.log") as local, \
+            on_free_port(start_engine, sglang_cfg, ModelConfig(), log_path=tmp / "sglang.log") as sglang:
         for r in range(args.repeats + 1):  # r == 0 is the warm-up
             for n in CONCURRENCY:
                 for kind, handle in (("local", local), ("sglang", sglang)):

@@ -28,7 +28,7 @@ import statistics
 import time
 
 from gyre_hpc.config import EngineConfig, ModelConfig, ProxyConfig
-from gyre_hpc.engines.launch import free_port, start_local_engine
+from gyre_hpc.engines.launch import on_free_port, start_local_engine
 from gyre_hpc.io import atomic_write_text
 from gyre_hpc.proxy.client import ProxyClient
 from gyre_hpc.proxy.events import read_events
@@ -91,10 +91,10 @@ def watched_call(url: str, proxy: ProxyClient, engines: dict, urls: dict, run: s
 def measure(args: argparse.Namespace, tmp: str) -> dict:
     model, engine_cfg = ModelConfig(), EngineConfig(max_running_requests=8, context_len=256, torch_threads=1)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        futs = [pool.submit(start_local_engine, engine_cfg, model, seed=0, port=free_port()) for _ in range(2)]
+        futs = [pool.submit(on_free_port, start_local_engine, engine_cfg, model, seed=0) for _ in range(2)]
         handles = {f"e{i}": f.result() for i, f in enumerate(futs)}
     log = f"{tmp}/events.jsonl"
-    proxy_handle = start_proxy(ProxyConfig(event_log=log), port=free_port())
+    proxy_handle = on_free_port(start_proxy, ProxyConfig(event_log=log))
     res = {"direct": [], "proxy": [], "unmoved": [], "moved": [], "pause": [], "partial": [], "reprefill": []}
     try:
         engines = {n: h.client(timeout=120.0) for n, h in handles.items()}

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from gyre_hpc.config import EngineConfig, ModelConfig
-from gyre_hpc.engines.launch import free_port, start_engine
+from gyre_hpc.engines.launch import on_free_port, start_engine
 from gyre_hpc.engines.weight_sync import WeightPusher, engine_tensors
 from gyre_hpc.engines.weight_tensor import TensorPusher
 from gyre_hpc.engines.weights import save_weights, weights_checksum
@@ -103,7 +103,7 @@ def measure(name: str, cfg: ModelConfig, repeats: int, tmp: Path) -> dict:
     new = state_of(cfg, seed=1)
     send = engine_tensors(new, cfg)
     size = nbytes(new)
-    handle = start_engine(engine_cfg, cfg, port=free_port(), log_path=tmp / f"engine-{name}.log", name="bench")
+    handle = on_free_port(start_engine, engine_cfg, cfg, log_path=tmp / f"engine-{name}.log", name="bench")
     client = handle.client(timeout=600.0)
     pusher = WeightPusher(client, timeout_s=600.0)
     tensor_pusher = TensorPusher(client, retries=0)

@@ -2,8 +2,9 @@
 
 - ``tiny_model``: the embedded CPU default ``ModelConfig()`` (vocab 256, hidden 64, 2 layers).
 - ``run_dir``: an empty run directory, ``tmp_path / "run"``.
-- ``local_engine``: a factory that starts real local engines (``start_local_engine`` on a free loopback port, the
-  log beside the test) and stops every one it started when the test ends, also when the test failed.
+- ``local_engine``: a factory that starts real local engines (``start_local_engine`` on a free loopback port,
+  another one if the bind lost a race: ``on_free_port``; the log beside the test) and stops every one it started
+  when the test ends, also when the test failed.
 - ``spawn_ranks``: runs ``target(*args, queue)`` in one spawned process per argument tuple, returns what the first
   rank put on the queue and every exit code; a process still alive when the test ends is killed.
 
@@ -34,14 +35,14 @@ def run_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def local_engine(tmp_path: Path, tiny_model):
     """``start(engine_cfg, model_cfg=tiny_model, seed=0, **kw) -> EngineHandle``; all stopped at teardown."""
-    from gyre_hpc.engines.launch import free_port, start_local_engine
+    from gyre_hpc.engines.launch import on_free_port, start_local_engine
 
     handles = []
 
     def start(engine_cfg, model_cfg=None, seed: int = 0, **kw):
         log = tmp_path / f"engine{len(handles)}.log"
-        handle = start_local_engine(engine_cfg, model_cfg or tiny_model, seed=seed, port=free_port(),
-                                    log_path=log, **kw)
+        handle = on_free_port(start_local_engine, engine_cfg, model_cfg or tiny_model, seed=seed,
+                              log_path=log, **kw)
         handles.append(handle)
         return handle
 

@@ -77,7 +77,7 @@ def run_closed_loop(agent: AgentConfig, model: ModelConfig, train: TrainConfig, 
                     on_step: Callable[[StepRecord], None] | None = None, clock: Clock | None = None) -> LoopResult:
     """``steps`` RL steps (each record also handed to ``on_step`` as it ends), evaluated before and after."""
     clock = clock or WallClock()  # the steps' rollout / train / sync seconds
-    from gyre_hpc.engines.launch import free_port, start_local_engine
+    from gyre_hpc.engines.launch import on_free_port, start_local_engine
     from gyre_hpc.engines.weight_sync import WeightPusher, engine_tensors
     from gyre_hpc.engines.weights import save_weights
     from gyre_hpc.train import agreement
@@ -88,8 +88,8 @@ def run_closed_loop(agent: AgentConfig, model: ModelConfig, train: TrainConfig, 
     work = Path(work_dir)
     init_parallel(seed=seed)
     trainer = Trainer(model, train, seed)
-    handle = start_local_engine(engine, model, seed=seed, port=free_port(), log_path=work / "engine.log",
-                                config_dir=work)
+    handle = on_free_port(start_local_engine, engine, model, seed=seed, host=engine.host, log_path=work / "engine.log",
+                          config_dir=work)
     records = []
 
     def rollout(name: str, groups: range):

@@ -18,7 +18,8 @@ Invariants
   scratch (when that path leaves room for a unix socket's name), so its own temporary files go with it.
 - An engine never inherits the caller's torch.distributed rendezvous variables (``DIST_ENV``): started from a
   trainer process it still forms its own one-process world.
-- ``start_engine_on_free_port`` retries on another free port only when the engine could not bind its port
+- ``start_engine_on_free_port`` (``on_free_port`` for any start function: tests, the proxy) retries on another free
+  port only when the engine could not bind its port
   (another process took it between ``free_port`` and the bind) or a signal killed it while it started
   (``KILLED_STARTING``, local engine only: SGLang SIGKILLs itself on a failed start; a dead engine is restarted,
   tests/integration/test_engine_start_retry.py); any other
@@ -40,6 +41,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -269,21 +271,30 @@ def _signal_name(num: int) -> str:
         return f"signal {num}"
 
 
+def on_free_port(start: Callable[..., EngineHandle], *args, host: str = "127.0.0.1", tries: int = 3,
+                 retry_killed: bool = False, **kwargs) -> EngineHandle:
+    """``start(*args, port=free_port(host), **kwargs)``, on another free port when the process could not bind its
+    own (``PORT_TAKEN``: another process, or an outgoing connection's ephemeral port, took it between ``free_port``
+    and the bind), ``tries`` times; with ``retry_killed`` also when a signal killed it while it started
+    (``KILLED_STARTING``). Any other failure raises at once."""
+    for attempt in range(1, tries + 1):
+        try:
+            return start(*args, port=free_port(host), **kwargs)
+        except EngineError as exc:
+            retry = PORT_TAKEN in str(exc) or (retry_killed and KILLED_STARTING in str(exc))
+            if not retry or attempt == tries:
+                raise
+    raise AssertionError("unreachable")  # tries >= 1
+
+
 def start_engine_on_free_port(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0,
                               log_path: str | Path | None = None, tries: int = 3, name: str = "engine") -> EngineHandle:
     """``start_engine`` on a port that ``free_port`` found free. On a shared machine another process can bind it
     before the engine does (seen in live runs); then the engine exits and another port is tried, ``tries`` times.
     A local engine a signal killed while it started is started again the same way (``KILLED_STARTING``); SGLang
     SIGKILLs its own process tree when its start fails (a bad model path), so that is not retried."""
-    for attempt in range(1, tries + 1):
-        try:
-            return start_engine(engine_cfg, model_cfg, seed, port=free_port(engine_cfg.host), log_path=log_path,
-                                name=name)
-        except EngineError as exc:
-            # SGLang ends a failed start by SIGKILLing its own process tree: a signal is a retry for the local engine only
-            killed = KILLED_STARTING in str(exc) and engine_cfg.kind == "local"
-            if (PORT_TAKEN not in str(exc) and not killed) or attempt == tries:
-                raise
+    return on_free_port(start_engine, engine_cfg, model_cfg, seed, host=engine_cfg.host, tries=tries,
+                        retry_killed=engine_cfg.kind == "local", log_path=log_path, name=name)
 
 
 def start_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0, index: int = 0,

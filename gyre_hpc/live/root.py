@@ -130,7 +130,7 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
     """Drive the live run from rank 0; returns the summary (also written to summary.json), or
     ``{"preempted": ...}`` when a preemption signal stopped it with its resume state saved, or
     ``{"rank_lost": ...}`` when mpirun tore the job down (``teardown``, runtime.lost)."""
-    from gyre_hpc.engines.launch import free_port
+    from gyre_hpc.engines.launch import on_free_port
     from gyre_hpc.proxy.client import ProxyClient
     from gyre_hpc.proxy.launch import start_proxy
     import dataclasses
@@ -149,8 +149,8 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
     carry: dict = preempt.inflight_counters(saved, reissue) if saved else {}
     proxy = None
     try:
-        proxy = start_proxy(pcfg, port=free_port(cfg.proxy.host), log_path=run_dir / "proxy.log",
-                            config_dir=run_dir)
+        proxy = on_free_port(start_proxy, pcfg, host=cfg.proxy.host, log_path=run_dir / "proxy.log",
+                             config_dir=run_dir)  # a port taken before the proxy binds it: another port
         comm.bcast(proxy.url, root=0)
         policy = make_policy(cfg.scheduler.policy, cfg.scheduler, cfg.cluster.cells)
         log = EventLog(run_dir / cfg.allocator.events_file, transport.clock)

@@ -14,7 +14,7 @@ from gyre_hpc.agents.task import verify
 from gyre_hpc.agents.workload import Workload
 from gyre_hpc.config import AgentConfig, EngineConfig, ModelConfig, ProxyConfig, TrajectoryConfig
 from gyre_hpc.engines.client import AsyncEngineClient
-from gyre_hpc.engines.launch import free_port, start_local_engine
+from gyre_hpc.engines.launch import free_port, on_free_port, start_local_engine
 from gyre_hpc.errors import ConfigError
 from gyre_hpc.trajectory.branches import classify
 from gyre_hpc.trajectory.pipeline import build_batch
@@ -32,8 +32,8 @@ SEED = 0
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    handle = start_local_engine(ENGINE, MODEL, seed=SEED, port=free_port(),
-                                log_path=tmp_path_factory.mktemp("engine") / "engine.log")
+    handle = on_free_port(start_local_engine, ENGINE, MODEL, seed=SEED,
+                          log_path=tmp_path_factory.mktemp("engine") / "engine.log")
     yield handle
     handle.stop()
 
@@ -150,9 +150,8 @@ def test_behind_the_proxy_the_proxy_records_the_calls_and_gets_every_outcome(eng
     from gyre_hpc.proxy.client import ProxyClient
     from gyre_hpc.proxy.launch import start_proxy
 
-    proxy = start_proxy(ProxyConfig(request_timeout_s=120.0, tito_dir=str(tmp_path)), [(0, engine.url)],
-                        port=free_port(),
-                        log_path=tmp_path / "proxy.log", config_dir=tmp_path)
+    proxy = on_free_port(start_proxy, ProxyConfig(request_timeout_s=120.0, tito_dir=str(tmp_path)), [(0, engine.url)],
+                         log_path=tmp_path / "proxy.log", config_dir=tmp_path)
     try:
         results = harness(proxy.url, tmp_path, proxy=True).run([40, 41])
         with ProxyClient(proxy.url, timeout=60.0) as admin:

@@ -23,7 +23,7 @@ import torch
 from gyre_hpc import auth
 from gyre_hpc.config import EngineConfig, ModelConfig
 from gyre_hpc.engines.client import EngineClient
-from gyre_hpc.engines.launch import EngineHandle, free_port, start_engine
+from gyre_hpc.engines.launch import EngineHandle, on_free_port, start_engine
 from gyre_hpc.engines.protocol import GenerateResult
 from gyre_hpc.engines.weight_sync import WeightPusher
 from gyre_hpc.engines.weight_tensor import TensorPusher, encode, serialize
@@ -47,13 +47,13 @@ class Served:
 def _start(kind: str, tmp) -> EngineHandle:
     if kind == "local":
         cfg = EngineConfig(max_running_requests=8, context_len=256, startup_timeout_s=300.0, request_timeout_s=300.0)
-        return start_engine(cfg, ModelConfig(), port=free_port(), log_path=tmp / "engine.log", name="conformance")
+        return on_free_port(start_engine, cfg, ModelConfig(), log_path=tmp / "engine.log", name="conformance")
     from gyre_hpc.models.init import init_model
 
     model = init_model("qwen3", tmp / "qwen3-tiny", head_dim=16, ffn=128)
     cfg = EngineConfig(kind="sglang", model_path=str(model), max_running_requests=8, context_len=512,
                        startup_timeout_s=600.0, request_timeout_s=300.0)
-    return start_engine(cfg, ModelConfig(), port=free_port(), log_path=tmp / "engine.log", name="conformance")
+    return on_free_port(start_engine, cfg, ModelConfig(), log_path=tmp / "engine.log", name="conformance")
 
 
 @pytest.fixture(scope="session", params=[pytest.param("local", marks=[pytest.mark.engine, pytest.mark.megatron]),

@@ -14,7 +14,7 @@ import torch
 from gyre_hpc import auth
 from gyre_hpc.config import EngineConfig, ModelConfig, TrainConfig
 from gyre_hpc.engines.client import EngineClient
-from gyre_hpc.engines.launch import free_port, start_local_engine
+from gyre_hpc.engines.launch import free_port, on_free_port, start_local_engine
 from gyre_hpc.engines.weights import save_weights, weights_checksum
 from gyre_hpc.errors import EngineError
 
@@ -34,7 +34,7 @@ PROMPT = [5, 17, 42, 99, 3]
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     log = tmp_path_factory.mktemp("engine") / "engine.log"
-    handle = start_local_engine(ENGINE, MODEL, seed=SEED, port=free_port(), log_path=log)
+    handle = on_free_port(start_local_engine, ENGINE, MODEL, seed=SEED, log_path=log)
     yield handle
     assert handle.stop() is not None
     assert not handle.alive()
@@ -355,7 +355,7 @@ def test_stopping_an_engine_returns_pending_requests_as_aborted(tmp_path, monkey
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(busy.getsockname()[1]))
     try:
-        handle = start_local_engine(ENGINE, MODEL, seed=SEED, port=free_port(), log_path=tmp_path / "e.log")
+        handle = on_free_port(start_local_engine, ENGINE, MODEL, seed=SEED, log_path=tmp_path / "e.log")
     finally:
         busy.close()
     with handle, handle.client(timeout=60.0) as c:
@@ -371,7 +371,7 @@ def test_stopping_an_engine_returns_pending_requests_as_aborted(tmp_path, monkey
 def test_launch_reports_a_bad_config_with_the_log_tail(tmp_path):
     bad = EngineConfig(context_len=MODEL.max_seq_len + 1, startup_timeout_s=60.0)
     with pytest.raises(EngineError, match="context_len"):
-        start_local_engine(bad, MODEL, port=free_port(), log_path=tmp_path / "bad.log")
+        on_free_port(start_local_engine, bad, MODEL, log_path=tmp_path / "bad.log")
 
 
 def test_client_maps_an_unreachable_engine_to_engine_error():

@@ -28,12 +28,12 @@ WITHIN_S = 10.0
 PARENT = textwrap.dedent("""
     import json, sys, time
     from gyre_hpc.config import EngineConfig, ModelConfig, ProxyConfig
-    from gyre_hpc.engines.launch import free_port, start_local_engine
+    from gyre_hpc.engines.launch import free_port, on_free_port, start_local_engine
     from gyre_hpc.proxy.launch import start_proxy
     out = sys.argv[1]
-    proxy = start_proxy(ProxyConfig(), port=free_port(), log_path=out + "/proxy.log", config_dir=out)
-    engine = start_local_engine(EngineConfig(), ModelConfig(), port=free_port(), log_path=out + "/engine.log",
-                                config_dir=out)
+    proxy = on_free_port(start_proxy, ProxyConfig(), log_path=out + "/proxy.log", config_dir=out)
+    engine = on_free_port(start_local_engine, EngineConfig(), ModelConfig(), log_path=out + "/engine.log",
+                          config_dir=out)
     print(json.dumps({"proxy": [proxy.pid, proxy.url], "engine": [engine.pid, engine.url]}), flush=True)
     time.sleep(3600)
 """)

@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from gyre_hpc.config import load_config
-from gyre_hpc.engines.launch import free_port
+from gyre_hpc.engines.launch import free_port, on_free_port
 from gyre_hpc.engines.protocol import generate_response
 from gyre_hpc.proxy.client import ProxyClient
 from gyre_hpc.proxy.launch import start_proxy
@@ -118,8 +118,8 @@ def group_run(tmp_path):
                                                  f"proxy.tito_dir={tmp_path / 'tito'}"])
         engine = EngineDouble()
         made.append(engine.stop)
-        proxy = start_proxy(cfg.proxy, [(0, engine.url)], port=free_port(), log_path=tmp_path / "proxy.log",
-                            config_dir=tmp_path)
+        proxy = on_free_port(start_proxy, cfg.proxy, [(0, engine.url)], log_path=tmp_path / "proxy.log",
+                             config_dir=tmp_path)
         made.append(proxy.stop)
         relay = Relay(int(proxy.url.rsplit(":", 1)[1]), drop)
         made.append(relay.stop)

@@ -8,7 +8,7 @@ import tempfile
 import pytest
 
 from gyre_hpc.config import EngineConfig, ModelConfig, ProxyConfig
-from gyre_hpc.engines.launch import free_port, start_local_engine
+from gyre_hpc.engines.launch import on_free_port, start_local_engine
 from gyre_hpc.errors import EngineError
 
 pytestmark = [pytest.mark.megatron]
@@ -31,7 +31,7 @@ def ours(root) -> list:
 
 
 def test_a_local_engine_keeps_its_config_and_log_in_a_private_scratch_that_stop_removes(temp_root):
-    handle = start_local_engine(ENGINE, ModelConfig(), port=free_port())
+    handle = on_free_port(start_local_engine, ENGINE, ModelConfig())
     try:
         assert handle.scratch is not None and handle.scratch.parent == temp_root
         assert handle.scratch.stat().st_mode & 0o077 == 0  # private: no one else reads the config
@@ -47,13 +47,13 @@ def test_a_local_engine_that_cannot_start_raises_with_its_log_and_leaves_nothing
     too_long = EngineConfig(context_len=ModelConfig().max_seq_len + 1, startup_timeout_s=180.0)
     gone = r"(?s)exited with 2 before it was ready; its log \(removed with the process\):.*exceeds model.max_seq_len"
     with pytest.raises(EngineError, match=gone):
-        start_local_engine(too_long, ModelConfig(), port=free_port())
+        on_free_port(start_local_engine, too_long, ModelConfig())
     assert not ours(temp_root)
 
 
 def test_a_caller_that_names_the_places_gets_its_files_there_and_they_stay(temp_root, tmp_path):
-    handle = start_local_engine(ENGINE, ModelConfig(), port=free_port(), log_path=tmp_path / "e.log",
-                                config_dir=tmp_path)
+    handle = on_free_port(start_local_engine, ENGINE, ModelConfig(), log_path=tmp_path / "e.log",
+                          config_dir=tmp_path)
     handle.stop()
     assert handle.scratch is None and not ours(temp_root)
     assert (tmp_path / "e.log").is_file() and list(tmp_path.glob("engine-*.yaml"))
@@ -62,7 +62,7 @@ def test_a_caller_that_names_the_places_gets_its_files_there_and_they_stay(temp_
 def test_the_proxy_keeps_its_config_and_log_in_a_scratch_that_stop_removes(temp_root):
     from gyre_hpc.proxy.launch import start_proxy
 
-    proxy = start_proxy(ProxyConfig(), port=free_port())
+    proxy = on_free_port(start_proxy, ProxyConfig())
     try:
         assert proxy.scratch is not None and proxy.scratch.parent == temp_root
         assert proxy.log_path.parent == proxy.scratch and proxy.log_path.is_file()

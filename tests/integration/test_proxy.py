@@ -15,7 +15,7 @@ import pytest
 
 from gyre_hpc.config import EngineConfig, ModelConfig, ProxyConfig
 from gyre_hpc.engines.client import EngineClient
-from gyre_hpc.engines.launch import free_port, start_local_engine
+from gyre_hpc.engines.launch import on_free_port, start_local_engine
 from gyre_hpc.proxy.client import ProxyClient
 from gyre_hpc.proxy.events import read_events
 from gyre_hpc.proxy.launch import start_proxy
@@ -35,13 +35,13 @@ def cluster(tmp_path_factory):
     """Engines e0 (cell 0) and e1 (cell 1) behind one proxy; yields (proxy handle, {name: engine handle}, events)."""
     tmp = tmp_path_factory.mktemp("proxy")
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(start_local_engine, ENGINE, MODEL, seed=0, port=free_port(),
+        futures = [pool.submit(on_free_port, start_local_engine, ENGINE, MODEL, seed=0,
                                log_path=tmp / f"engine{i}.log") for i in range(2)]
         engines = {f"e{i}": f.result() for i, f in enumerate(futures)}
     events = tmp / "events.jsonl"
     cfg = ProxyConfig(event_log=str(events), no_engine_wait_s=3.0, request_timeout_s=120.0, health_timeout_s=1.0,
                       tito_dir=str(tmp / "tito"))
-    proxy = start_proxy(cfg, port=free_port(), log_path=tmp / "proxy.log")
+    proxy = on_free_port(start_proxy, cfg, log_path=tmp / "proxy.log")
     try:
         with ProxyClient(proxy.url, timeout=120.0) as admin:
             for i, (name, handle) in enumerate(engines.items()):

@@ -16,7 +16,7 @@ import pytest
 
 from gyre_hpc import auth
 from gyre_hpc.config import HttpConfig, ProxyConfig
-from gyre_hpc.engines.launch import free_port
+from gyre_hpc.engines.launch import on_free_port
 from gyre_hpc.proxy.launch import start_proxy
 from gyre_hpc.proxy.server import ProxyServer
 from gyre_hpc.proxy.service import ProxyService
@@ -29,7 +29,7 @@ LIMITS = HttpConfig(header_timeout_s=1.0, body_timeout_s=1.0, keep_alive_s=30.0,
 
 def _start(tmp_path, limits: HttpConfig = LIMITS):
     cfg = ProxyConfig(http=limits, tito_dir=str(tmp_path / "tito"), event_log=str(tmp_path / "events.jsonl"))
-    return start_proxy(cfg, port=free_port(), log_path=tmp_path / "proxy.log", config_dir=tmp_path)
+    return on_free_port(start_proxy, cfg, log_path=tmp_path / "proxy.log", config_dir=tmp_path)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gyre_hpc.config import EngineConfig, ModelConfig
-from gyre_hpc.engines.launch import free_port, start_engine
+from gyre_hpc.engines.launch import on_free_port, start_engine
 from gyre_hpc.errors import EngineError
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -39,7 +39,7 @@ def test_a_model_directory_without_weights_fails_with_the_cell_name_and_the_serv
     (model / "model.safetensors").unlink()
     log = tmp_path / "engine.log"
     with pytest.raises(EngineError) as err:
-        start_engine(_cfg(model), ModelConfig(), port=free_port(), log_path=log, name="cell3")
+        on_free_port(start_engine, _cfg(model), ModelConfig(), log_path=log, name="cell3")
     message = str(err.value)
     assert re.match(r"cell3 \(sglang on (cpu|cuda)\) at http://127\.0\.0\.1:\d+ exited with", message)
     tail = log.read_text(errors="replace").strip().splitlines()[-1]
@@ -49,7 +49,7 @@ def test_a_model_directory_without_weights_fails_with_the_cell_name_and_the_serv
 
 def test_a_model_path_that_is_not_a_directory_is_refused_before_anything_starts(tmp_path):
     with pytest.raises(EngineError, match=r"cell1 \(sglang\).*is not a directory"):
-        start_engine(_cfg(tmp_path / "missing"), ModelConfig(), port=free_port(), name="cell1")
+        on_free_port(start_engine, _cfg(tmp_path / "missing"), ModelConfig(), name="cell1")
 
 
 def test_a_port_in_use_fails_with_the_cell_name_and_the_bind_error(tmp_path):

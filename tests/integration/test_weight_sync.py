@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from gyre_hpc.config import EngineConfig, ModelConfig
-from gyre_hpc.engines.launch import free_port, start_engine
+from gyre_hpc.engines.launch import on_free_port, start_engine
 from gyre_hpc.engines.weight_sync import WeightPusher, WeightSyncError, engine_tensors
 from gyre_hpc.engines.weights import weights_checksum
 from gyre_hpc.train.model import build_model
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.megatron, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     cfg = EngineConfig(max_running_requests=4, context_len=256, startup_timeout_s=300.0, request_timeout_s=300.0)
-    handle = start_engine(cfg, ModelConfig(), port=free_port(), log_path=tmp_path_factory.mktemp("ws") / "engine.log",
+    handle = on_free_port(start_engine, cfg, ModelConfig(), log_path=tmp_path_factory.mktemp("ws") / "engine.log",
                           name="weight-sync")
     client = handle.client(timeout=300.0)
     yield client
