@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.megatron, pytest.mark.slow]
 
 AGENT = AgentConfig(runs_per_group=8, turns=(1, 3), call_tokens=4, answer_tokens=8, tool_output_tokens=(1, 4),
                     context_budget=40, tool_time_median_s=0.01, timeout_s=60.0)
-STEPS, GROUPS, EVAL_GROUPS = 12, 8, 16
+STEPS, GROUPS, EVAL_GROUPS = 16, 8, 32
 
 
 @pytest.fixture(scope="module")
