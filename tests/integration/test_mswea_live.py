@@ -23,7 +23,8 @@ def test_gyre_train_swe_mswea_runs_mini_swe_agent_for_two_steps(tmp_path):
     if not (default_venv() / "bin" / "python").is_file():  # CI installs it: missing is a failure, never a skip
         pytest.fail("no mini-swe-agent venv: run `bash scripts/setup.sh --mini-swe-agent`")
     model = init_model("qwen3", tmp_path / "tiny-qwen3", vocab=1024, context=16384)
-    overrides = [f"model.hf_path={model}", "scheduler.batch_groups=1", "agent.timeout_s=240"]  # 2 steps of 1 group
+    overrides = [f"model.hf_path={model}", "scheduler.batch_groups=1", "agent.timeout_s=240",  # 2 steps of 1 group
+                 "engine.sleep_in_training=true"]  # no engine restart per switch (CPU); restarts: test_live_training
     summary, _, _ = run_live(tmp_path / "runs", overrides, config="swe_local.yaml", timeout_s=TIMEOUT_S)
     assert summary["steps"] == 2 and summary["runs_lost"] == 0
     steps = [json.loads(line) for line in Path(summary["run_dir"], "metrics.jsonl").read_text().splitlines()]

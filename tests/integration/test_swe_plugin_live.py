@@ -19,8 +19,10 @@ TIMEOUT_S = 1200
 
 def test_gyre_train_swe_plugin_runs_the_plugin_agent_for_two_steps(tmp_path):
     model = init_model("qwen3", tmp_path / "tiny-qwen3", vocab=1024)
-    summary, _, _ = run_live(tmp_path / "runs", [f"model.hf_path={model}"], config="swe_plugin.yaml",
-                             timeout_s=TIMEOUT_S, path=[str(ROOT / "docs" / "examples")])  # the plugin
+    overrides = [f"model.hf_path={model}",
+                 "engine.sleep_in_training=true"]  # no engine restart per switch (CPU); restarts: test_live_training
+    summary, _, _ = run_live(tmp_path / "runs", overrides, config="swe_plugin.yaml", timeout_s=TIMEOUT_S,
+                             path=[str(ROOT / "docs" / "examples")])  # the plugin
     assert summary["steps"] == 2 and summary["runs_lost"] == 0
     assert set(summary["run_statuses"]) <= {RunStatus.SCORED.value, RunStatus.TIMEOUT_PARTIAL.value}
     files = sorted(Path(summary["run_dir"], "tito").glob("q*.jsonl"))
