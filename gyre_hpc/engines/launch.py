@@ -15,22 +15,27 @@ Invariants
 - Files a start writes where the caller named no place (the config, SGLang's secret file, the log) live in one
   private scratch directory the handle owns (``scratch``); ``stop()`` removes it, also after a failed start, so
   neither engine configs nor the job secret pile up in the temporary directory. An SGLang server's TMPDIR is its
-  scratch (when that path leaves room for a unix socket's name), so its own temporary files go with it.
+  scratch when that is in the temporary directory (and leaves room for a unix socket's name), so its own
+  temporary files (ipc sockets) go with it; never in a run directory, which may be on a shared file system.
 - An engine never inherits the caller's torch.distributed rendezvous variables (``DIST_ENV``): started from a
   trainer process it still forms its own one-process world.
 - ``start_engine_on_free_port`` (``on_free_port`` for any start function: tests, the proxy) retries on another free
-  port only when the engine could not bind its port
-  (another process took it between ``free_port`` and the bind) or a signal killed it while it started
-  (``KILLED_STARTING``, local engine only: SGLang SIGKILLs itself on a failed start; a dead engine is restarted,
-  tests/integration/test_engine_start_retry.py); any other
-  failure raises at once. A failed bind
-  is read from the log (``PORT_TAKEN``) and fails the start at once, also when the process does not exit.
+  port only when the engine could not bind its port (another process took it between ``free_port`` and the bind)
+  or a signal killed it while it started (``KILLED_STARTING``, local engine only: SGLang SIGKILLs itself on a
+  failed start; a dead engine is restarted, tests/integration/test_engine_start_retry.py); any other failure
+  raises at once. A failed bind is read from the log (``PORT_TAKEN``) and fails the start at once, also when the
+  process does not exit; an SGLang start whose port is already taken fails before the server starts (it would
+  bind only after loading the model, ``require_port_free``).
+- A live run's engine keeps its config beside its log in the cell directory (``config_dir``; SGLang's, with the
+  job secret, in a private scratch there), so a cell rank killed by SIGKILL leaves no secret and no config in the
+  temporary directory (a job whose one cell fails kills the others' ranks while their servers start).
 - An engine that cannot start raises ``EngineError`` naming it (``name``, e.g. the cell, and its kind) with the tail
   of its log; SGLang on a CPU (``engine.device`` cpu, or auto without CUDA) runs with ``SGLANG_USE_CPU_ENGINE=1``,
   ``--device cpu`` and a bounded ``--max-total-tokens``.
 """
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import shutil
@@ -144,9 +149,12 @@ class EngineHandle:
         self.stop()
 
 
-def scratch_dir(kind: str) -> Path:
-    """A new private (0700) temporary directory for one start's files; the handle removes it (``stop``)."""
-    return Path(tempfile.mkdtemp(prefix=f"gyre-{kind}-"))
+def scratch_dir(kind: str, parent: str | Path | None = None) -> Path:
+    """A new private (0700) directory for one start's files, in ``parent`` (default: the temporary directory);
+    the handle removes it (``stop``)."""
+    if parent is not None:
+        Path(parent).mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"gyre-{kind}-", dir=parent))
 
 
 def spawn_ready(cmd: list[str], url: str, log_path: Path | None, timeout_s: float, name: str = "engine",
@@ -277,42 +285,79 @@ def on_free_port(start: Callable[..., EngineHandle], *args, host: str = "127.0.0
     own (``PORT_TAKEN``: another process, or an outgoing connection's ephemeral port, took it between ``free_port``
     and the bind), ``tries`` times; with ``retry_killed`` also when a signal killed it while it started
     (``KILLED_STARTING``). Any other failure raises at once."""
-    for attempt in range(1, tries + 1):
+    for _ in range(tries - 1):
         try:
             return start(*args, port=free_port(host), **kwargs)
         except EngineError as exc:
-            retry = PORT_TAKEN in str(exc) or (retry_killed and KILLED_STARTING in str(exc))
-            if not retry or attempt == tries:
+            if not (PORT_TAKEN in str(exc) or (retry_killed and KILLED_STARTING in str(exc))):
                 raise
-    raise AssertionError("unreachable")  # tries >= 1
+    return start(*args, port=free_port(host), **kwargs)  # the last try raises whatever it raises
 
 
 def start_engine_on_free_port(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0,
-                              log_path: str | Path | None = None, tries: int = 3, name: str = "engine") -> EngineHandle:
+                              log_path: str | Path | None = None, tries: int = 3, name: str = "engine",
+                              config_dir: str | Path | None = None) -> EngineHandle:
     """``start_engine`` on a port that ``free_port`` found free. On a shared machine another process can bind it
     before the engine does (seen in live runs); then the engine exits and another port is tried, ``tries`` times.
     A local engine a signal killed while it started is started again the same way (``KILLED_STARTING``); SGLang
     SIGKILLs its own process tree when its start fails (a bad model path), so that is not retried."""
     return on_free_port(start_engine, engine_cfg, model_cfg, seed, host=engine_cfg.host, tries=tries,
-                        retry_killed=engine_cfg.kind == "local", log_path=log_path, name=name)
+                        retry_killed=engine_cfg.kind == "local", log_path=log_path, name=name, config_dir=config_dir)
+
+
+def require_port_free(host: str, port: int, name: str) -> None:
+    """Raise ``EngineError`` (with ``PORT_TAKEN``, so ``on_free_port`` tries another port) when something listens
+    on ``host:port``: an SGLang server binds its port only after loading the model, a minute on CPU, and then
+    hangs in its shutdown. The probe binds as uvicorn does (``SO_REUSEADDR``), so a port in TIME_WAIT is free."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return  # another reason (a host not on this machine): the server's own error says it
+            raise EngineError(f"{name} at http://{host}:{port} could not bind its port ({PORT_TAKEN}): choose "
+                              "another engine.port_base, or stop what listens there") from exc
+
+
+#: the weight files SGLang's default ``--load-format auto`` loads (sglang/srt/model_loader/loader.py)
+SGLANG_WEIGHTS = ("*.safetensors", "*.bin", "*.pt")
+
+
+def require_weights(model_path: str | Path, name: str) -> None:
+    """Raise ``EngineError`` unless ``model_path`` is a directory holding weights SGLang can load: it would take
+    a missing directory for a hub name and try to download it, and find no weights only after importing itself
+    (a minute or two on CPU)."""
+    path = Path(model_path)
+    if not path.is_dir():
+        raise EngineError(f"{name}: engine.model_path={str(model_path)!r} is not a directory")
+    if not any(next(path.glob(pattern), None) for pattern in SGLANG_WEIGHTS):
+        raise EngineError(f"{name}: engine.model_path={str(model_path)!r} holds no model weights "
+                          f"({', '.join(SGLANG_WEIGHTS)}): point it at a Hugging Face model directory")
 
 
 def start_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0, index: int = 0,
-                 port: int | None = None, log_path: str | Path | None = None, name: str = "engine") -> EngineHandle:
-    """Start engine ``index`` of the kind ``engine.kind`` names; ``name`` (e.g. ``cell2``) heads any error."""
+                 port: int | None = None, log_path: str | Path | None = None, name: str = "engine",
+                 config_dir: str | Path | None = None) -> EngineHandle:
+    """Start engine ``index`` of the kind ``engine.kind`` names; ``name`` (e.g. ``cell2``) heads any error. A local
+    engine's config goes to ``config_dir`` (default: a scratch directory its handle removes); SGLang's holds the
+    job secret, so it goes to a private scratch directory the handle removes, made in ``config_dir`` when given
+    (a live run's cell directory: a rank killed while its server starts leaves it beside the run's own secret
+    file, not in the machine's temporary directory)."""
     if engine_cfg.kind == "local":
-        return start_local_engine(engine_cfg, model_cfg, seed, index, port, log_path, name=name)
+        return start_local_engine(engine_cfg, model_cfg, seed, index, port, log_path, config_dir, name=name)
     if importlib.util.find_spec("sglang") is None:
         raise EngineError(f"{name}: engine.kind=sglang but the sglang package is not installed "
                           "(bash scripts/setup.sh --sglang)")
-    if engine_cfg.model_path is not None and not Path(engine_cfg.model_path).is_dir():
-        # SGLang would take it for a hub name and try to download it
-        raise EngineError(f"{name} (sglang): engine.model_path={engine_cfg.model_path!r} is not a directory")
+    if engine_cfg.model_path is not None:
+        require_weights(engine_cfg.model_path, f"{name} (sglang)")
     port = port if port is not None else engine_cfg.port_base + index
     url = f"http://{engine_cfg.host}:{port}"
     device = sglang_device(engine_cfg)
-    scratch = scratch_dir("sglang")
+    require_port_free(engine_cfg.host, port, f"{name} (sglang on {device})")
+    scratch = scratch_dir("sglang", config_dir)
     secret_config = sglang_secret_config(scratch, port)
-    env = sglang_env(device) | sglang_tmpdir(scratch)
+    # its ipc sockets stay on a local disk: a run directory may be on a shared file system
+    env = sglang_env(device) | (sglang_tmpdir(scratch) if config_dir is None else {})
     return _spawn(sglang_command(engine_cfg, port, device, secret_config), url, Path(log_path) if log_path else None,
                   engine_cfg.startup_timeout_s, f"{name} (sglang on {device})", env, scratch)

@@ -82,7 +82,8 @@ class RolloutSide:
         self.starts += 1
         logs = self.run_dir / "cells" / f"cell{self.cell}"
         self.handle = start_engine_on_free_port(engine, self.model, seed=self.seed,
-                                                log_path=logs / f"engine-{self.starts}.log", name=f"cell{self.cell}")
+                                                log_path=logs / f"engine-{self.starts}.log", name=f"cell{self.cell}",
+                                                config_dir=logs)
         self.client = self.handle.client(timeout=engine.request_timeout_s)
         self.pusher = self._pusher()
         self.version = int(self.client.weight_version())

@@ -45,3 +45,15 @@ def test_a_start_that_fails_for_another_reason_is_not_retried(monkeypatch, tmp_p
     with pytest.raises(EngineError, match="not ready after"):
         launch.start_engine_on_free_port(impatient, MODEL, log_path=tmp_path / "engine.log")
     assert len(given) == 1
+
+
+def test_a_server_that_logs_a_failed_bind_and_hangs_fails_its_start_at_once(tmp_path):
+    """A double of SGLang at the port race (a port taken after ``require_port_free`` looked): it logs uvicorn's
+    bind error, then hangs in its shutdown instead of exiting. The start must fail on the log, not the timeout."""
+    import sys
+
+    double = "import sys, time; print('ERROR: [Errno 98] error while attempting to bind on address: " \
+             "address already in use', flush=True); time.sleep(600)"
+    with pytest.raises(EngineError, match="could not bind its port"):  # not "not ready after" the timeout
+        launch.spawn_ready([sys.executable, "-c", double], f"http://127.0.0.1:{launch.free_port()}",
+                           tmp_path / "server.log", timeout_s=120.0, name="cell5 (sglang double)")

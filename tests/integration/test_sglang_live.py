@@ -6,11 +6,13 @@ versions from SGLang's ``weight_versions`` spans, and no run lost. A server that
 training with a message that names the cell and shows the tail of the server's log, without a relaunch.
 
 The live job runs on the config's own model (the run writes RUN_DIR/model/init); the start-failure test gives a
-``gyre model init`` directory without its weights as ``engine.model_path``.
+``gyre model init`` directory whose weights file is not a safetensors file as ``engine.model_path`` (a directory
+with no weights at all is refused before any server starts: test_sglang_launch.py).
 """
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,8 @@ from slurm_cluster import mpirun  # noqa: F401  (fixture)
 #: an SGLang cold start is ~20 s on 2 idle cores; on the shared 2 cores under load 25-50 it took 10 minutes, and the
 #: whole job 13 (772 s wall, 2026-12-02)
 TIMEOUT_S = 1500
+#: what safetensors says of a file that is not one (the server's log tail shows it)
+SAFETENSORS_ERROR = "Error while deserializing header"
 
 pytestmark = [pytest.mark.sglang, pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow,
               pytest.mark.serial, pytest.mark.timeout(TIMEOUT_S + 120)]
@@ -82,14 +86,19 @@ def test_recorded_calls_carry_per_token_versions_from_sglang_spans(sglang_run):
 def test_a_server_that_cannot_start_fails_the_job_naming_the_cell_with_its_log_tail(mpirun, model_dir, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(model_dir, broken)
-    (broken / "model.safetensors").unlink()
-    proc = _run_failing(tmp_path, [f"engine.model_path={broken}"])  # the trainer keeps RUN_DIR/model/init
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")  # found by the server only as it loads
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    proc = _run_failing(tmp_path, [f"engine.model_path={broken}"], temp)  # the trainer keeps RUN_DIR/model/init
     assert proc.returncode != 0
     err = proc.stderr
     line = next(ln for ln in err.splitlines() if ln.startswith("gyre train: error:"))
     assert re.search(r"rank\d: EngineError: cell\d \(sglang on cpu\) at http:\S+ exited with -?\d+( \(killed by \w+\))? before it was "
                      r"ready", line)
-    assert "Cannot find any model weights" in err  # the server log's tail, under the one line
+    assert SAFETENSORS_ERROR in err  # the server log's tail, under the one line
+    # no job-secret file left in the temporary directory: the failed server's scratch went with it, and the other
+    # cell's rank, killed with the job while its server started, had made its scratch in its cell directory
+    assert not list(temp.glob("gyre-*"))
     run_dir = next(tmp_path.glob("out/local_sglang-*"))
     assert not (run_dir / "summary.json").exists()
     events = read_events(run_dir / "events.jsonl")
@@ -98,7 +107,7 @@ def test_a_server_that_cannot_start_fails_the_job_naming_the_cell_with_its_log_t
     assert [e["event"] for e in events if e["event"] in ("start", "relaunched")] == ["start"]
 
 
-def _run_failing(tmp_path, overrides: list[str]):
+def _run_failing(tmp_path, overrides: list[str], temp: Path):
     import subprocess
     import sys
 
@@ -108,4 +117,5 @@ def _run_failing(tmp_path, overrides: list[str]):
 
     cmd = [sys.executable, "-m", "gyre_hpc.cli", "train", str(ROOT / "configs" / "local_sglang.yaml"), "--json",
            "--set", f"run.out_dir={tmp_path / 'out'}"] + [a for o in overrides for a in ("--set", o)]
-    return subprocess.run(cmd, capture_output=True, text=True, env=launcher_env(), cwd=ROOT, timeout=timeout_s)
+    env = launcher_env() | {"TMPDIR": str(temp)}
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout_s)

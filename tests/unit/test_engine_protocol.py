@@ -238,6 +238,33 @@ def test_sglangs_tmpdir_is_its_scratch_unless_the_path_leaves_no_room_for_an_ipc
     assert sglang_tmpdir(Path(fits + "d")) == {}  # SGLang then keeps the caller's TMPDIR
 
 
+def test_a_scratch_directory_is_private_and_made_where_the_caller_says(tmp_path):
+    from gyre_hpc.engines.launch import scratch_dir
+
+    cell = tmp_path / "run" / "cells" / "cell0"  # made when missing
+    scratch = scratch_dir("sglang", cell)
+    assert scratch.parent == cell and scratch.name.startswith("gyre-sglang-")
+    assert scratch.stat().st_mode & 0o777 == 0o700  # it holds SGLang's api-key config
+
+
+def test_sglang_is_refused_a_model_directory_it_would_find_no_weights_in(tmp_path):
+    import pytest
+
+    from gyre_hpc.engines.launch import require_weights
+    from gyre_hpc.errors import EngineError
+
+    with pytest.raises(EngineError, match="cell1 \\(sglang\\): engine.model_path=.* is not a directory"):
+        require_weights(tmp_path / "missing", "cell1 (sglang)")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(EngineError, match="holds no model weights"):
+        require_weights(tmp_path, "cell1 (sglang)")
+    for name in ("model-00001-of-00002.safetensors", "pytorch_model.bin", "model.pt"):
+        weights = tmp_path / name
+        weights.write_bytes(b"")
+        require_weights(tmp_path, "cell1 (sglang)")  # any of SGLang's default load formats will do
+        weights.unlink()
+
+
 def test_client_reads_both_error_shapes_sglang_and_local_engine_answer_with():
     import httpx
 
