@@ -28,8 +28,9 @@ Invariants (tests/integration/test_live_training.py)
 - Only the core reports training progress; it reports a step only in TRAIN (or while leaving it), so the
   allocator never sees progress from a rolling-out cell.
 - A group taken from the hub is finished (its gradients reach the core) before any switch is carried out.
-- A send left pending when Shutdown came keeps its request (and so its pickled buffer) until the process ends:
-  MPI may still read the buffer when the core drains its data plane.
+- A send left pending when Shutdown came keeps its request (and so its pickled buffer) until the core has taken
+  the message (``dataplane.settle``, after Bye, up to ``UNSENT_SETTLE_S``): MPI reads a large message from the
+  sender's memory when the core receives it, also while the core drains its data plane at the end.
 - A satellite's weight pull that fails after Shutdown came (the core closed its weights when the run ended) ends
   the cell in order (Bye) instead of crashing the rank, which would fail the whole SLURM step
   (tests/integration/test_slurm_live.py); a pull that fails while the run goes on still raises.
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import sys
 from pathlib import Path
 
 from gyre_hpc.allocator.cell_link import CellLink
@@ -57,6 +59,7 @@ from gyre_hpc.live.preempt import Preemption
 from gyre_hpc.proxy.routing import ProxyError
 
 CORE = 0  # the allocator's core cell (AllocatorServer's default)
+UNSENT_SETTLE_S = 30.0  # after Bye: how long a send left pending at Shutdown waits for the core to take it
 SHUTDOWN_LOOK_S = 5.0  # after a failed pull or registration: how long to look for a Shutdown that explains it
 
 
@@ -134,6 +137,9 @@ class CellRunner:
             self.pool.shutdown(wait=False)
         if not self.failed:  # a failed cell is LOST: the allocator expects nothing more from it
             self.link.bye()
+        if self.unsent and not dp.settle(self.unsent, UNSENT_SETTLE_S, self.clock):
+            print(f"gyre train: cell{self.cell}: {len(self.unsent)} gradient message(s) the core did not take within "
+                  f"{UNSENT_SETTLE_S:.0f} s of the end", file=sys.stderr, flush=True)
         return stats
 
     def _busy(self, fn, *args):

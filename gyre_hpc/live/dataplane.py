@@ -33,6 +33,7 @@ tests/unit/test_lag_split.py)
 - ``GradLedger``: the core sums the gradients of each group at most once per version, and only of its current
   version (a newer version is a ``ProtocolError``); a dropped copy never stops the step, whose
   ``batch_groups`` groups are distinct.
+- A send that the end of a run leaves pending keeps its buffer until the receiver has taken it (``settle``).
 - ``lag_stats``: pre-queue sum + in-queue sum = total lag sum, token by token; a ready version below a token's
   generating version, or a trained version below the ready version, is refused (``ProtocolError``).
 """
@@ -112,6 +113,23 @@ def poll(comm: Any, tag: int, source: int = MPI.ANY_SOURCE) -> tuple[int, Any] |
     if msg is None:
         return None
     return status.Get_source(), msg.recv()
+
+
+#: pending sends whose receiver never came within ``settle``'s time: kept for the rest of the process
+_KEPT: list = []
+
+
+def settle(requests: list, timeout_s: float, clock=None) -> bool:
+    """Wait until every pending send in ``requests`` has completed (its receiver took the message), up to
+    ``timeout_s``; True when all did. A send's pickled buffer must outlive its receive: Open MPI's shared-memory
+    transport copies a large message straight out of the sender's memory when the receiver matches it, so a
+    buffer freed first hands the receiver garbage (seen in CI: ``UnpicklingError`` on the core at the end of a
+    run, after a satellite's runner, and with it its pending send, was freed). Sends still pending at the
+    timeout are kept referenced for the rest of the process."""
+    done = bool(wait_until(lambda: MPI.Request.testall(requests)[0], timeout_s, clock, poll_s=1e-3, max_poll_s=0.05))
+    if not done:
+        _KEPT.extend(requests)
+    return done
 
 
 def discard(comm: Any, tag: int) -> int:
