@@ -197,8 +197,11 @@ def start_local_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: i
     cfg = GyreConfig(run=RunConfig(seed=seed), engine=engine_cfg, model=model_cfg)
     data = {k: v for k, v in to_dict(cfg).items() if k in ("run", "engine", "model")}
     scratch = scratch_dir("engine") if config_dir is None else None
-    config_path = atomic_write_text(Path(config_dir or scratch) / f"engine-{port}.yaml",
-                                    yaml.safe_dump(data, sort_keys=False))
+    # beside a named log, named after it (cells/cell1/engine-3.yaml is engine-3.log's); a retry on another port
+    # rewrites the same config
+    beside_log = log_path is not None and config_dir is not None
+    config_name = f"{Path(log_path).stem}.yaml" if beside_log else f"engine-{port}.yaml"
+    config_path = atomic_write_text(Path(config_dir or scratch) / config_name, yaml.safe_dump(data, sort_keys=False))
     cmd = [sys.executable, "-m", "gyre_hpc.engines.local", "--host", engine_cfg.host, "--port", str(port),
            "--config", str(config_path)]
     url = f"http://{engine_cfg.host}:{port}"

@@ -56,7 +56,7 @@ def test_a_caller_that_names_the_places_gets_its_files_there_and_they_stay(temp_
                           config_dir=tmp_path)
     handle.stop()
     assert handle.scratch is None and not ours(temp_root)
-    assert (tmp_path / "e.log").is_file() and list(tmp_path.glob("engine-*.yaml"))
+    assert (tmp_path / "e.log").is_file() and (tmp_path / "e.yaml").is_file()  # the config is named after its log
 
 
 def test_the_proxy_keeps_its_config_and_log_in_a_scratch_that_stop_removes(temp_root):

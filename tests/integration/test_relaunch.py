@@ -51,8 +51,11 @@ def test_sigkill_of_a_cell_rank_mid_run_is_relaunched_and_the_run_finishes_with_
         kinds.index("resumed")
     assert "gyre train: relaunching the run" in stderr
     assert not (run_dir / "resume").exists()  # the run finished: nothing left to resume
-    # the killed rank could not clean up: its engines' configs are in its cell directory, not in the temporary one
-    assert list((run_dir / "cells" / "cell1").glob("engine-*.yaml"))
+    # the killed rank could not clean up: its engines' configs are in its cell directory, not in the temporary one,
+    # each named after its engine's log
+    cell = run_dir / "cells" / "cell1"
+    configs = {p.stem for p in cell.glob("engine-*.yaml")}
+    assert configs and configs == {p.stem for p in cell.glob("engine-*.log")}
     assert json.loads((run_dir / "summary.json").read_text())["relaunches"] == 1
     assert_none_left(pids)
 
