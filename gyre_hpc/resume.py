@@ -235,11 +235,12 @@ def _checkpoint_version(checkpoint: Path) -> int | None:
 
 
 def restore_sched(state: SchedState, saved: dict[str, Any], buffered: int, backlog_work_s: float,
-                  now: float) -> None:
-    """Give a fresh ``state`` the saved counters; ``buffered`` groups wait ready and unprocessed."""
+                  now: float, held: int = 0) -> None:
+    """Give a fresh ``state`` the saved counters; ``buffered`` groups wait ready and unprocessed, ``held`` ready
+    groups wait for the rest of their fixed batch (in flight to the policy, as before the preemption)."""
     for k in SCHED_FIELDS + tuple(k for k in SCHED_TOKEN_FIELDS if k in saved):
         setattr(state, k, type(getattr(state, k))(saved[k]))
-    state.inflight_groups = state.step_groups = 0
+    state.inflight_groups, state.step_groups = held, 0
     state.unprocessed_groups = buffered
     state.backlog_work_s = backlog_work_s
     state.set_ready(buffered, now)

@@ -8,7 +8,7 @@ One loop, on an injected clock and any ``Transport``::
             → LiveExecutor.apply (state changes go through the transitions the simulator uses)
             → cells silent for heartbeat_timeout_s (or without Hello after hello_timeout_s) become LOST
             → if anything changed or a WakeAt is due: policy.decide(state, now) → SwitchTo to cells,
-              Admit to the harness callback, WakeAt remembered
+              Admit to the harness callback (after a resume, first ``readmit`` queries), WakeAt remembered
     idle:   sleep with exponential back-off (poll_backoff_min_s .. poll_backoff_max_s), never past a WakeAt
     stop:   ``allocator.steps`` optimizer steps done (or the core cell, or every cell, lost) →
             Shutdown to every cell that is not LOST, Bye awaited up to shutdown_timeout_s, transport closed
@@ -57,6 +57,9 @@ class AllocatorServer:
         self.t0 = self.clock.now()
         self.started = False
         self.closed = False
+        #: queries to start at the first decision, before the policy's (a resume: those in flight at the
+        #: preemption, live/preempt.py; the policy admitted them in the segment before, within its window)
+        self.readmit = 0
 
     @property
     def state(self):
@@ -163,19 +166,25 @@ class AllocatorServer:
         return bool(lost)
 
     def _decide(self, now: float) -> None:
+        if self.readmit:  # a resume: the queries in flight at the preemption start again first
+            n, self.readmit = self.readmit, 0
+            self._admit(n, resumed=True)
         d = self.ex.decide(now)
         for order in d.switches:
             self.log.write({"event": "order", "order": "switch", "id": order.order, "cell": order.cell,
                             "target": order.role.value})
             self._send(order.cell, order, now)
         if d.admit:
-            started = self.admit(d.admit)
-            if not 0 <= started <= d.admit:
-                raise SchedulingError(f"the admit callback started {started} of {d.admit} queries")
-            self.ex.admitted(started)
-            self.log.write({"event": "order", "order": "admit", "queries": d.admit, "started": started})
+            self._admit(d.admit)
         for t in d.wakes:
             self.log.write({"event": "order", "order": "wake", "at": t})
+
+    def _admit(self, queries: int, **why) -> None:
+        started = self.admit(queries)
+        if not 0 <= started <= queries:
+            raise SchedulingError(f"the admit callback started {started} of {queries} queries")
+        self.ex.admitted(started)
+        self.log.write({"event": "order", "order": "admit", "queries": queries, "started": started, **why})
 
     def _send(self, cell: int, msg: Message, now: float) -> bool:
         if self.state.cells[cell].role is Role.LOST:

@@ -23,9 +23,13 @@ batch, by gid; each keeps its ``ready_version`` (a held group: the version it wo
 resumed run splits its staleness exactly as the preempted one would have. The queries in flight at the
 preemption (admitted, not ready) are saved as ``inflight``; the resume re-issues them before any new query
 (``allocator.preempt_inflight: reissue``) or drops them (``drop``), and the summary counts either
-(``queries_reissued``, ``queries_dropped_at_preempt``). After a resume the buffered groups are all ready at
-once, and fixed batches count on from the re-issued queries, then the next group admitted: the one batch
-boundary a resume moves.
+(``queries_reissued``, ``queries_dropped_at_preempt``). A resume restores the batch former too: a group held
+for an incomplete fixed batch (``held`` in the buffer) is held again, in one batch with the re-issued queries
+of its batch, so a re-issuing resume keeps every batch as it was, and a dropping one completes a held batch
+with the first new queries. The server starts as many queries as were in flight (``readmit``: the same ones,
+or new ones for ``drop``) at its first decision, before the policy's admission: its window counts the held
+groups as in flight and admits whole batches only, so it never would (with a window of one batch it admitted
+nothing: a submitit time-limit requeue in CI waited forever with half a batch held).
 
 Once its role has ended (run_root returned, the cell said Bye) a rank ignores both signals until it exits
 (``Preemption.ignore``): its exit status is its own, never the default action of a late signal during MPI_Finalize.
@@ -126,11 +130,11 @@ class Preemption:
 def snapshot(server, hub, rollouts, steps: list[dict], carry: dict, wall_s: float) -> dict:
     """Rank 0's resume state (gyre_hpc.resume) at a quiet point: no step pending, no group going out."""
     held = rollouts.batches.holding() if rollouts.batches else []
-    stamped = [(g, int(g.ready_version)) for g in hub.buffer()]  # the hub stamped these on intake
-    stamped += [(g, max(hub.version, *g.gen_versions, 0)) for g in held]  # what the hub's intake would stamp now
+    stamped = [(g, int(g.ready_version), False) for g in hub.buffer()]  # the hub stamped these on intake
+    stamped += [(g, max(hub.version, *g.gen_versions, 0), True) for g in held]  # what its intake would stamp now
     buffer = [{"gid": g.gid, "tito": str(rollouts.tito_path(g.gid)), "runs": g.runs, "rewards": list(g.rewards),
                "trained_tokens": int(g.trained_tokens), "gen_versions": [int(v) for v in g.gen_versions],
-               "ready_version": rv} for g, rv in stamped]
+               "ready_version": rv, "held": h} for g, rv, h in stamped]
     inflight = [gid for gid in rollouts.inflight() if gid not in {g["gid"] for g in buffer}]
     counters = {"wall_s": carry.get("wall_s", 0.0) + wall_s,
                 "runs_finished": carry.get("runs_finished", 0) + rollouts.ended_runs,
@@ -154,22 +158,33 @@ def inflight_counters(saved: dict, reissue: bool) -> dict:
 
 
 def restore(saved: dict, server, hub, rollouts, now: float, reissue: bool = True) -> list:
-    """Put a loaded resume state back into a fresh rank 0 (before the allocator's first decision)."""
+    """Put a loaded resume state back into a fresh rank 0 (before the allocator's first decision): the groups the
+    hub held go back to it, those held for an incomplete fixed batch back into the batch former, in the batch of
+    the queries a resume starts again (``readmit`` on the server: as many as were in flight)."""
     from gyre_hpc.live.rollouts import work_s
 
     groups = [rollouts.rebuild(g) for g in saved["buffer"]]
     for g, s in zip(groups, saved["buffer"]):  # an older state without it: the floor its own tokens set
         g.ready_version = int(s.get("ready_version", max(saved["version"], *g.gen_versions, 0)))
-    hub.restore(groups, saved["version"])
     rollouts.next_gid = saved["next_gid"]
     rollouts.set_aside_from(saved["next_gid"])  # a periodic state: the dead segment had admitted these gids already
     again = reissued(saved, reissue)
     rollouts.reissue(again)
-    if rollouts.batches is not None:  # fixed batches count on from the next group admitted (re-issued first)
-        rollouts.batches = FixedBatches(rollouts.batches.B, base=saved["next_gid"], first=tuple(again))
+    offered = [g for g, s in zip(groups, saved["buffer"]) if not s.get("held")]  # older states: all offered
+    held = [g for g, s in zip(groups, saved["buffer"]) if s.get("held")]
+    if rollouts.batches is not None:  # admission order: held and re-issued gids in order, then new ones
+        rollouts.batches = FixedBatches(rollouts.batches.B, base=saved["next_gid"],
+                                        first=tuple(sorted([g.gid for g in held] + again)))
+        for g in held:  # after a drop, held groups of two batches can fill one
+            offered += [x for batch in rollouts.batches.ready(g.gid, g) for x in batch]
+        held = rollouts.batches.holding()
+    else:
+        offered, held = groups, []
+    hub.restore(offered, saved["version"])
     rollouts.groups = list(saved["counters"]["groups"])
     rollouts.errors = list(saved["counters"]["build_errors"])
-    resume.restore_sched(server.state, saved["sched"], len(groups), work_s(groups), now)
+    resume.restore_sched(server.state, saved["sched"], len(offered), work_s(offered), now, held=len(held))
+    server.readmit = len(saved.get("inflight", []))
     return groups
 
 

@@ -106,6 +106,29 @@ def test_nothing_is_admitted_until_the_live_run_says_its_engines_serve(tmp_path)
     assert started["after_s"] >= 2.0 and w.events("order", order="admit")[0]["t"] >= started["t"]
 
 
+def test_a_resume_starts_the_queries_in_flight_at_its_first_decision_even_with_half_a_batch_held(tmp_path):
+    """Fixed batches of 4 and a window of one batch: 2 groups are held for their batch (in flight to the policy),
+    2 queries of it were in flight at the preemption. The policy alone admits whole batches within the window, so
+    it would never admit them (the run waited forever); the server starts them first (``readmit``)."""
+    from gyre_hpc import resume
+
+    sched = dataclasses.replace(SCHED, max_window_batches=1.0)
+    w = World(tmp_path, "async", cells=3, sched=sched).attach()
+    saved = {"version": 1, "steps_done": 1, "trained_batches": 1, "lag_sum": 0.0, "admitted_queries": 8}
+    resume.restore_sched(w.server.state, saved, buffered=0, backlog_work_s=0.0, now=0.0, held=2)
+    w.server.readmit = 2
+    assert w.policy.decide(w.server.state, 0.0) == []  # the policy alone: the window is full
+    w.server.start()
+    for _ in range(1000):  # virtual time: the cells say Hello, the server starts and decides
+        if w.events("order", order="admit"):
+            break
+        w.clock.sleep(0.01)
+        w.server.step()
+    assert w.events("order", order="admit")[0] | {"t": 0, "wall": 0} == {
+        "event": "order", "order": "admit", "queries": 2, "started": 2, "resumed": True, "t": 0, "wall": 0}
+    assert w.server.state.inflight_groups == 4 and w.server.readmit == 0
+
+
 # ------------------------------------------------------------------------------------------------ failures
 def test_a_silent_cell_becomes_lost_and_is_never_given_an_order(tmp_path):
     w = World(tmp_path, "colocate", run_s=10.0).attach()
