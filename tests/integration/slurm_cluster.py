@@ -68,6 +68,15 @@ def mpirun():
     return path
 
 
+def mpirun_env(**extra: str) -> dict[str, str]:
+    """The environment for ``mpirun`` started by a test outside SLURM: no SLURM/PMIx/Open MPI world variables of
+    an enclosing job, root allowed, the repository on PYTHONPATH, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM"))}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]), **extra)
+    return env
+
+
 @dataclass(frozen=True)
 class JobRun:
     returncode: int

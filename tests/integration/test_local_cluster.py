@@ -20,7 +20,7 @@ import pytest
 from gyre_hpc.config import ClusterConfig
 from gyre_hpc.slurm.env import expand_hostlist
 from gyre_hpc.slurm.layout import plan
-from slurm_cluster import ROOT, local_slurm, mpirun, sbatch, script  # noqa: F401  (fixtures)
+from slurm_cluster import ROOT, local_slurm, mpirun, mpirun_env, sbatch, script  # noqa: F401  (fixtures)
 
 PY = sys.executable
 MPI_PROG = """
@@ -167,10 +167,8 @@ while not w.Iprobe(source=1):
 @pytest.mark.mpi
 def test_mpirun_oversubscribed_world_outside_slurm(mpirun, tmp_path):
     prog = write(tmp_path, "mpi.py", MPI_PROG)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     out = subprocess.run([mpirun, "--oversubscribe", "-n", "4", PY, str(prog)], capture_output=True, text=True,
-                         env=env, timeout=120)
+                         env=mpirun_env(), timeout=120)
     assert out.returncode == 0, out.stderr
     gathered = re.search(r"\[\{.*\}\]", out.stdout)  # rank 0's line; mpirun may run other ranks' output into it
     assert gathered, out.stdout

@@ -5,7 +5,6 @@ what a cell does inside a switch or a training step is minimal (the real cell wo
 """
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gyre_hpc.allocator.eventlog import read_events
-from slurm_cluster import mpirun  # noqa: F401  (fixture)
+from slurm_cluster import mpirun, mpirun_env  # noqa: F401  (fixture)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -26,9 +25,7 @@ def launch(mpirun, n: int, *args: str, timeout: float = 120, recovery: bool = Tr
     whatever the ranks' statuses: success is read from rank 0's printed summary and the event log."""
     if importlib.util.find_spec("mpi4py") is None:
         pytest.fail("mpi4py is not installed: pip install mpi4py (binary wheel; the .[mpi] extra)", pytrace=False)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PMIX", "OMPI_COMM"))}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,tcp",
-               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+    env = mpirun_env(OMPI_MCA_btl="self,tcp")
     cmd = [mpirun, "--oversubscribe", *(["--enable-recovery"] if recovery else []), "-n", str(n), sys.executable,
            str(JOB), *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
