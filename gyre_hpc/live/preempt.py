@@ -26,8 +26,8 @@ preemption (admitted, not ready) are saved as ``inflight``; the resume re-issues
 (``queries_reissued``, ``queries_dropped_at_preempt``). A resume restores the batch former too: a group held
 for an incomplete fixed batch (``held`` in the buffer) is held again, in one batch with the re-issued queries
 of its batch, so a re-issuing resume keeps every batch as it was, and a dropping one completes a held batch
-with the first new queries. The server starts as many queries as were in flight (``readmit``: the same ones,
-or new ones for ``drop``) at its first decision, before the policy's admission: its window counts the held
+with new queries numbered at the resume. The server starts as many queries as were in flight (``readmit``: the
+same ones, or those new ones for ``drop``) at its first decision, before the policy's admission: its window counts the held
 groups as in flight and admits whole batches only, so it never would (with a window of one batch it admitted
 nothing: a submitit time-limit requeue in CI waited forever with half a batch held).
 
@@ -166,14 +166,16 @@ def restore(saved: dict, server, hub, rollouts, now: float, reissue: bool = True
     groups = [rollouts.rebuild(g) for g in saved["buffer"]]
     for g, s in zip(groups, saved["buffer"]):  # an older state without it: the floor its own tokens set
         g.ready_version = int(s.get("ready_version", max(saved["version"], *g.gen_versions, 0)))
-    rollouts.next_gid = saved["next_gid"]
     rollouts.set_aside_from(saved["next_gid"])  # a periodic state: the dead segment had admitted these gids already
     again = reissued(saved, reissue)
+    if not reissue:  # new queries take the dropped ones' places, numbered now: a snapshot before they start has them
+        again = list(range(saved["next_gid"], saved["next_gid"] + len(saved.get("inflight", []))))
+    rollouts.next_gid = saved["next_gid"] + (0 if reissue else len(again))
     rollouts.reissue(again)
     offered = [g for g, s in zip(groups, saved["buffer"]) if not s.get("held")]  # older states: all offered
     held = [g for g, s in zip(groups, saved["buffer"]) if s.get("held")]
-    if rollouts.batches is not None:  # admission order: held and re-issued gids in order, then new ones
-        rollouts.batches = FixedBatches(rollouts.batches.B, base=saved["next_gid"],
+    if rollouts.batches is not None:  # admission order: held and re-started gids in order, then new ones
+        rollouts.batches = FixedBatches(rollouts.batches.B, base=rollouts.next_gid,
                                         first=tuple(sorted([g.gid for g in held] + again)))
         for g in held:  # after a drop, held groups of two batches can fill one
             offered += [x for batch in rollouts.batches.ready(g.gid, g) for x in batch]
@@ -184,7 +186,7 @@ def restore(saved: dict, server, hub, rollouts, now: float, reissue: bool = True
     rollouts.groups = list(saved["counters"]["groups"])
     rollouts.errors = list(saved["counters"]["build_errors"])
     resume.restore_sched(server.state, saved["sched"], len(offered), work_s(offered), now, held=len(held))
-    server.readmit = len(saved.get("inflight", []))
+    server.readmit = len(again)  # Rollouts.admit starts ``again`` first; until then inflight() lists them
     return groups
 
 

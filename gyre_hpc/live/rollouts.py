@@ -160,7 +160,8 @@ class Rollouts:
         return [g for g in list(self.admitted) + list(self.pending_reissue) if g not in ready]
 
     def reissue(self, gids: list[int]) -> None:
-        """A resume: the next ``admit`` starts the queries ``gids`` again, first, in this order."""
+        """A resume: the next ``admit`` starts the queries ``gids`` first, in this order (those in flight at the
+        preemption again, or the new ones a ``drop`` numbered in their places); until then ``inflight`` has them."""
         for gid in gids:
             set_aside(self.tito_path(gid))
         self.pending_reissue = list(gids)
