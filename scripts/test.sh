@@ -5,7 +5,7 @@
 # Without arguments the whole suite runs in two groups (issue 14): first everything not marked mpi or slurm (or
 # serial: timing-sensitive) in GYRE_TEST_WORKERS parallel xdist workers (default 2; one test file per worker at a
 # time, so a module's engine starts once), then the mpi/slurm/serial tests (each already runs several processes)
-# in three pytest invocations: the SLURM tests beside the mpi-only tests, then the `serial` ones alone
+# in two pytest invocations: the mpi and SLURM tests in two xdist workers, then the `serial` ones alone
 # (GYRE_TEST_OVERLAP=0: the whole second group in one pytest, one test at a time). The exit status is the first
 # non-zero pytest status, in that order, else 0. With arguments: one plain pytest.
 # Each invocation ends with its 25 slowest tests (--durations=25), so that CI logs show where the time goes.
@@ -38,21 +38,15 @@ if [ "${GYRE_TEST_OVERLAP:-1}" != 1 ]; then
   exit $(( rc != 0 ? rc : rc2 ))
 fi
 # The overlap (issue 14): a live run keeps about one of the two cores busy (start-ups, polling, agents' tool
-# sleeps, SLURM scheduling), so the SLURM tests run beside the mpirun-only tests, in two pytest processes (the
-# SLURM one's output follows when both are done); the timing-sensitive `serial` tests then run alone. Measured on
-# this 2-core machine, same commit, one run each: 122 passed in 18 min 46 s, against 24 min 15 s in one pytest
-# (BENCHMARKS.md, "test command").
-log=$(mktemp)
-python -m pytest -m "slurm and not serial" --durations=25 >"$log" 2>&1 &
-slurm_pid=$!
-python -m pytest -m "mpi and not slurm and not serial" --durations=25
+# sleeps, SLURM scheduling), so the mpi and SLURM tests run two at a time, in two xdist workers: the SLURM tests
+# one after another on one worker (they share the 4-node cluster: tests/conftest.py puts them in one xdist_group),
+# the mpirun-only modules, each whole, on whichever worker is free. Before, the SLURM tests ran in a pytest of
+# their own beside the mpi one, and the mpi one went on alone for 2-3 minutes after it (CI of 3 Dec 2026:
+# 14:40 against 12:01).
+# The timing-sensitive `serial` tests then run alone.
+python -m pytest -p xdist -n 2 --dist loadgroup -m "(mpi or slurm) and not serial" --durations=25
 rc2=$?
-wait "$slurm_pid"
-rc3=$?
-echo "== the SLURM tests (run beside the mpi tests above)"
-cat "$log"
-rm -f "$log"
 python -m pytest -m "serial" --durations=25
 rc4=$?
-for r in "$rc2" "$rc3" "$rc4"; do [ "$rc" = 0 ] && rc=$r; done
+for r in "$rc2" "$rc4"; do [ "$rc" = 0 ] && rc=$r; done
 exit "$rc"
