@@ -27,9 +27,9 @@ preemption (admitted, not ready) are saved as ``inflight``; the resume re-issues
 for an incomplete fixed batch (``held`` in the buffer) is held again, in one batch with the re-issued queries
 of its batch, so a re-issuing resume keeps every batch as it was, and a dropping one completes a held batch
 with new queries numbered at the resume. The server starts as many queries as were in flight (``readmit``: the
-same ones, or those new ones for ``drop``) at its first decision, before the policy's admission: its window counts the held
-groups as in flight and admits whole batches only, so it never would (with a window of one batch it admitted
-nothing: a submitit time-limit requeue in CI waited forever with half a batch held).
+same ones, or those new ones for ``drop``) at its first decision, before the policy's admission: its window
+counts the held groups as in flight and admits whole batches only, so it never would (with a window of one
+batch it admitted nothing: a submitit time-limit requeue in CI waited forever with half a batch held).
 
 Once its role has ended (run_root returned, the cell said Bye) a rank ignores both signals until it exits
 (``Preemption.ignore``): its exit status is its own, never the default action of a late signal during MPI_Finalize.

@@ -20,8 +20,9 @@ Invariants (tests/integration/test_live_training.py)
 - Fixed batches (non-streaming policies, as in the simulator): batch b = the groups admitted b*B .. b*B+B-1
   (counted from 0; after a resume from the groups held and re-issued, then the first new one: live/preempt.py);
   a ready group is held until every group of its batch is ready and every earlier batch went out, then the
-  batch goes to the hub in admission order with one GroupsReady(B) (``allocator.batches.FixedBatches``). So a batch waits for its slowest query,
-  as colocate and async do by definition — not for any B groups that happen to finish first.
+  batch goes to the hub in admission order with one GroupsReady(B) (``allocator.batches.FixedBatches``). So a
+  batch waits for its slowest query, as colocate and async do by definition — not for any B groups that happen
+  to finish first.
 - Every started run ends with an outcome (the harness's guarantee); ``stop()`` cancels the runs still going
   (they end ``aborted``) and counts them apart from the finished ones.
 - After ``close()`` (preemption) no group is offered and none is started: the trajectory buffer saved for the
