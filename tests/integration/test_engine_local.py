@@ -402,14 +402,14 @@ def test_a_sleeping_engine_refuses_generation_and_wakes_with_the_same_weights_an
 
 
 def test_memory_is_not_released_while_requests_run_and_bad_tags_are_400(client):
-    held = _start_and_hold(client, "held-for-release", max_new_tokens=30)
+    held = _start_and_hold(client, "held-for-release", max_new_tokens=200)
     try:
         with pytest.raises(EngineError, match="pause generation and let them finish") as err:
             client.release_memory(["kv_cache"])
         assert err.value.status == 400 and client.server_info()["memory_released"] == []
     finally:
         client.resume()
-    assert len(held.join().output_ids) == 30
+    assert len(held.join().output_ids) == 200
     with pytest.raises(EngineError, match="tags") as err:
         client.release_memory(["gpu"])
     assert err.value.status == 400
