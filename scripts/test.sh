@@ -47,6 +47,6 @@ fi
 python -m pytest -p xdist -n 2 --dist loadgroup -m "(mpi or slurm) and not serial" --durations=25
 rc2=$?
 python -m pytest -m "serial" --durations=25
-rc4=$?
-for r in "$rc2" "$rc4"; do [ "$rc" = 0 ] && rc=$r; done
+rc3=$?
+for r in "$rc2" "$rc3"; do [ "$rc" = 0 ] && rc=$r; done
 exit "$rc"

@@ -172,16 +172,16 @@ def restore(saved: dict, server, hub, rollouts, now: float, reissue: bool = True
         again = list(range(saved["next_gid"], saved["next_gid"] + len(saved.get("inflight", []))))
     rollouts.next_gid = saved["next_gid"] + (0 if reissue else len(again))
     rollouts.reissue(again)
-    offered = [g for g, s in zip(groups, saved["buffer"]) if not s.get("held")]  # older states: all offered
-    held = [g for g, s in zip(groups, saved["buffer"]) if s.get("held")]
-    if rollouts.batches is not None:  # admission order: held and re-started gids in order, then new ones
+    if rollouts.batches is None:  # streaming: every buffered group is offered
+        offered, held = groups, []
+    else:  # admission order: held and re-started gids in order, then new ones
+        offered = [g for g, s in zip(groups, saved["buffer"]) if not s.get("held")]  # older states: all offered
+        held = [g for g, s in zip(groups, saved["buffer"]) if s.get("held")]
         rollouts.batches = FixedBatches(rollouts.batches.B, base=rollouts.next_gid,
                                         first=tuple(sorted([g.gid for g in held] + again)))
         for g in held:  # after a drop, held groups of two batches can fill one
             offered += [x for batch in rollouts.batches.ready(g.gid, g) for x in batch]
         held = rollouts.batches.holding()
-    else:
-        offered, held = groups, []
     hub.restore(offered, saved["version"])
     rollouts.groups = list(saved["counters"]["groups"])
     rollouts.errors = list(saved["counters"]["build_errors"])
