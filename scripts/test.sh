@@ -5,7 +5,8 @@
 # Without arguments the whole suite runs in two groups (issue 14): first everything not marked mpi or slurm (or
 # serial: timing-sensitive) in GYRE_TEST_WORKERS parallel xdist workers (default 2; one test file per worker at a
 # time, so a module's engine starts once), then the mpi/slurm/serial tests (each already runs several processes)
-# in two pytest invocations: the mpi and SLURM tests in two xdist workers, then the `serial` ones alone
+# in two pytest invocations: the mpi and SLURM tests in GYRE_TEST_LIVE_WORKERS xdist workers (default 3; one
+# module per worker at a time), then the `serial` ones alone
 # (GYRE_TEST_OVERLAP=0: the whole second group in one pytest, one test at a time). The exit status is the first
 # non-zero pytest status, in that order, else 0. With arguments: one plain pytest.
 # Each invocation ends with its 25 slowest tests (--durations=25), so that CI logs show where the time goes.
@@ -37,14 +38,14 @@ if [ "${GYRE_TEST_OVERLAP:-1}" != 1 ]; then
   rc2=$?
   exit $(( rc != 0 ? rc : rc2 ))
 fi
-# The overlap (issue 14): a live run keeps about one of the two cores busy (start-ups, polling, agents' tool
-# sleeps, SLURM scheduling), so the mpi and SLURM tests run two at a time, in two xdist workers: the SLURM tests
-# one after another on one worker (they share the 4-node cluster: tests/conftest.py puts them in one xdist_group),
-# the mpirun-only modules, each whole, on whichever worker is free. Before, the SLURM tests ran in a pytest of
-# their own beside the mpi one, and the mpi one went on alone for 2-3 minutes after it (CI of 3 Dec 2026:
-# 14:40 against 12:01).
+# The overlap (issue 14): one live run keeps well under one of the two cores busy (start-ups, agents' tool sleeps,
+# SLURM scheduling, polling), two side by side about 1.5 of them, so the mpi and SLURM tests run three at a time,
+# each module whole on one worker (its module fixtures start once): 536 s against 622 s with two workers, same
+# commit, quiet machine (four: slower than three). The 4-node cluster holds several tests' jobs at once
+# (CR_Core, 4 CPUs a node, one task per node). The test that waits on SLURM's time limit (marked `waits`) is
+# collected first, so that its wait overlaps the other tests.
 # The timing-sensitive `serial` tests then run alone.
-python -m pytest -p xdist -n 2 --dist loadgroup -m "(mpi or slurm) and not serial" --durations=25
+python -m pytest -p xdist -n "${GYRE_TEST_LIVE_WORKERS:-3}" --dist loadfile -m "(mpi or slurm) and not serial" --durations=25
 rc2=$?
 python -m pytest -m "serial" --durations=25
 rc3=$?

@@ -8,9 +8,9 @@
 - ``spawn_ranks``: runs ``target(*args, queue)`` in one spawned process per argument tuple, returns what the first
   rank put on the queue and every exit code; a process still alive when the test ends is killed.
 
-With ``--dist loadgroup`` (scripts/test.sh's mpi/SLURM group: two xdist workers) every test is put in an
-``xdist_group``: the SLURM tests in one (one worker runs them one after another: they share the 4-node cluster),
-each other module in its own (it stays whole on one worker, so its module fixtures start once).
+Tests marked ``waits`` (most of their time is a wait on an outside clock: SLURM's time limit) are collected
+first, so that xdist (``--dist loadfile`` hands out modules in collection order) starts them first and their wait
+overlaps the other tests instead of ending the run alone on one worker.
 
 Invariant: importing this file imports only the standard library and pytest (the heavy modules are imported inside
 the fixtures), so the pure unit tests stay light.
@@ -22,13 +22,8 @@ from pathlib import Path
 import pytest
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not getattr(config.option, "loadgroup", False):  # what xdist sets for --dist loadgroup, on its workers too
-        return
-    for item in items:
-        slurm = item.get_closest_marker("slurm") is not None
-        item.add_marker(pytest.mark.xdist_group("slurm" if slurm else item.nodeid.split("::")[0]))
+    items.sort(key=lambda item: item.get_closest_marker("waits") is None)  # stable: the rest keep their order
 
 
 @pytest.fixture

@@ -94,6 +94,7 @@ TIME_LIMITED = {**LIVE, "allocator.steps": TL_STEPS, "slurm.time": "00:05:00", "
                 "agent.tool_time_sigma": 0.2}
 
 
+@pytest.mark.waits  # ~2 of its ~3.5 minutes wait for SLURM's time limit: started first (tests/conftest.py)
 def test_a_submitit_job_that_reaches_its_time_limit_is_requeued_and_its_resumed_segment_trains_on(local_slurm, tmp_path):
     run = gyre_hpc.submit(str(ROOT / "configs" / "local_4node.yaml"), TIME_LIMITED, executor="slurm",
                           **{"run.out_dir": str(tmp_path / "runs"), "run.name": "timelimit"})
