@@ -40,12 +40,13 @@ if [ "${GYRE_TEST_OVERLAP:-1}" != 1 ]; then
 fi
 # The overlap (issue 14): one live run keeps well under one of the two cores busy (start-ups, agents' tool sleeps,
 # SLURM scheduling, polling), two side by side about 1.5 of them, so the mpi and SLURM tests run three at a time,
-# each module whole on one worker (its module fixtures start once): 536 s against 622 s with two workers, same
-# commit, quiet machine (four: slower than three). The 4-node cluster holds several tests' jobs at once
-# (CR_Core, 4 CPUs a node, one task per node). The test that waits on SLURM's time limit (marked `waits`) is
-# collected first, so that its wait overlaps the other tests.
+# each module whole on one worker (its module fixtures start once): 515 s against 596 s with two workers (medians
+# of 2 runs, same commit, quiet machine; four: slower than three; BENCHMARKS.md). The 4-node cluster holds several
+# tests' jobs at once (CR_Core, 4 CPUs a node, one task per node). The test that waits on SLURM's time limit
+# (marked `waits`) is collected first, so that its wait overlaps the other tests.
 # The timing-sensitive `serial` tests then run alone.
-python -m pytest -p xdist -n "${GYRE_TEST_LIVE_WORKERS:-3}" --dist loadfile -m "(mpi or slurm) and not serial" --durations=25
+python -m pytest -p xdist -n "${GYRE_TEST_LIVE_WORKERS:-3}" --dist loadfile -m "(mpi or slurm) and not serial" \
+  --durations=25
 rc2=$?
 python -m pytest -m "serial" --durations=25
 rc3=$?
