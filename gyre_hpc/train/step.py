@@ -37,6 +37,7 @@ from gyre_hpc.config import ModelConfig, TrainConfig
 from gyre_hpc.errors import TrajectoryError
 from gyre_hpc.train import checkpoint
 from gyre_hpc.train import agreement
+from gyre_hpc.train.adamw import AdamW
 from gyre_hpc.train.layout import layout
 from gyre_hpc.train.loss import gather_logprobs, policy_loss, ppo_stats, tis_weights
 from gyre_hpc.train.model import build_model, forward_logits
@@ -68,7 +69,7 @@ class Trainer:
         self.model = build_model(model_cfg, seed)
         self.device = next(self.model.parameters()).device
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = AdamW(
             self.params, lr=train_cfg.lr, betas=tuple(train_cfg.betas), weight_decay=train_cfg.weight_decay
         )
         self.version = 0
