@@ -290,6 +290,10 @@ class EngineConfig:
     max_total_tokens: int | None = param(
         None, "KV-cache tokens of an SGLang engine (--max-total-tokens); null = max_running_requests x context_len "
               "on cpu (SGLang's own choice there takes most of the machine's memory), SGLang's choice on cuda.")
+    sglang_sleep_on_idle: bool | None = param(
+        None, "SGLang's --sleep-on-idle: an idle scheduler waits on its sockets (a request wakes it at once) instead "
+              "of spinning a whole CPU core per server (benchmarks/bench_sglang_idle.py); null = on for device cpu "
+              "(those cores run the ranks, agents and other engines), off on cuda (SGLang's default).")
     max_restarts: int = param(3, "Times a rollout cell restarts its engine after the process died on its own; "
                                  "at one more death the cell gives up (CellFailed, the allocator marks it LOST).")
     weight_road: Literal["distributed", "tensor"] = param(

@@ -244,7 +244,8 @@ def sglang_command(engine_cfg: EngineConfig, port: int, device: str = "cuda",
                    config_path: str | Path | None = None) -> list[str]:
     """``sglang.launch_server`` for ``engine.model_path`` (an HF-format model directory), token ids in/out; on
     ``device`` cpu with ``--device cpu`` and ``--max-total-tokens`` (default max_running_requests x context_len);
-    ``config_path`` (``sglang_secret_config``) carries the API key."""
+    ``--sleep-on-idle`` as ``engine.sglang_sleep_on_idle`` says (null: on cpu only; an idle scheduler otherwise
+    spins a whole core per server); ``config_path`` (``sglang_secret_config``) carries the API key."""
     if engine_cfg.model_path is None:
         raise EngineError("engine.kind=sglang needs engine.model_path (an HF-format model directory)")
     secret = ["--config", str(config_path)] if config_path is not None else []
@@ -259,6 +260,9 @@ def sglang_command(engine_cfg: EngineConfig, port: int, device: str = "cuda",
         total = total or engine_cfg.max_running_requests * engine_cfg.context_len
     if total is not None:
         cmd += ["--max-total-tokens", str(total)]
+    sleep = engine_cfg.sglang_sleep_on_idle
+    if sleep or (sleep is None and device == "cpu"):
+        cmd += ["--sleep-on-idle"]
     return [*cmd, *engine_cfg.sglang_args]
 
 

@@ -214,16 +214,21 @@ def test_sglang_command_needs_a_model_path_and_passes_engine_settings():
     assert "--device" not in cmd and "--max-total-tokens" not in cmd  # on a GPU SGLang sizes its KV cache itself
 
 
-def test_sglang_on_cpu_gets_the_cpu_device_env_and_a_bounded_kv_cache():
+def test_sglang_on_cpu_gets_the_cpu_device_env_a_bounded_kv_cache_and_sleeps_when_idle():
     from gyre_hpc.config import EngineConfig
     from gyre_hpc.engines.launch import sglang_command, sglang_device, sglang_env
 
     cfg = EngineConfig(kind="sglang", model_path="/m", max_running_requests=4, context_len=512, device="cpu")
     cmd = sglang_command(cfg, 30001, sglang_device(cfg))
     assert cmd[cmd.index("--device") + 1] == "cpu" and cmd[cmd.index("--max-total-tokens") + 1] == str(4 * 512)
+    assert "--sleep-on-idle" in cmd  # an idle scheduler spins a whole core otherwise
     assert sglang_env("cpu") == {"SGLANG_USE_CPU_ENGINE": "1"} and sglang_env("cuda") == {}
     sized = sglang_command(EngineConfig(kind="sglang", model_path="/m", max_total_tokens=999), 30001, "cuda")
     assert sized[sized.index("--max-total-tokens") + 1] == "999" and "--device" not in sized
+    assert "--sleep-on-idle" not in sized  # on a GPU SGLang's own default, unless asked
+    for asked, device in ((True, "cuda"), (False, "cpu")):
+        cmd = sglang_command(EngineConfig(kind="sglang", model_path="/m", sglang_sleep_on_idle=asked), 30001, device)
+        assert ("--sleep-on-idle" in cmd) is asked
 
 
 def test_sglangs_tmpdir_is_its_scratch_unless_the_path_leaves_no_room_for_an_ipc_socket_name():
