@@ -56,7 +56,7 @@ def _start(kind: str, tmp) -> EngineHandle:
     return on_free_port(start_engine, cfg, ModelConfig(), log_path=tmp / "engine.log", name="conformance")
 
 
-@pytest.fixture(scope="session", params=[pytest.param("local", marks=[pytest.mark.engine, pytest.mark.megatron]),
+@pytest.fixture(scope="module", params=[pytest.param("local", marks=[pytest.mark.engine, pytest.mark.megatron]),
                                          pytest.param("sglang", marks=pytest.mark.sglang)])
 def served(request, tmp_path_factory):
     handle = _start(request.param, tmp_path_factory.mktemp(f"conformance-{request.param}"))
@@ -354,3 +354,11 @@ def test_health_health_generate_loads_and_model_info(client):
     assert (client.loads().running, client.loads().waiting) == (0, 0)
     info = client.model_info()
     assert info["is_generation"] is True and isinstance(info["weight_version"], str) and "model_path" in info
+
+
+def test_an_sglang_server_on_the_cpu_sleeps_while_idle(served):
+    """``--sleep-on-idle`` reached the server (engines.launch.sglang_command): its idle scheduler waits on its
+    sockets instead of spinning a whole core. SGLang reports its arguments at /server_info."""
+    if served.kind != "sglang":
+        pytest.skip("an SGLang server argument; the local engine's decode loop waits on an event when idle")
+    assert served.client.server_info()["sleep_on_idle"] is True
