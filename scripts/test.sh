@@ -43,8 +43,9 @@ fi
 # each module whole on one worker (its module fixtures start once): 515 s against 596 s with two workers (medians
 # of 2 runs, same commit, quiet machine; four: slower than three; BENCHMARKS.md). The 4-node cluster holds several
 # tests' jobs at once (CR_Core, 4 CPUs a node, one task per node). The test that waits on SLURM's time limit
-# (marked `waits`) is collected first, so that its wait overlaps the other tests.
-# The timing-sensitive `serial` tests then run alone.
+# (marked `waits`) is collected first, so that its wait overlaps the other tests, then the live SGLang modules
+# (the longest: a server start is 1-2.5 minutes here; they ran in the serial group at 1.26 busy cores until
+# 2026-12-03, tests/conftest.py). The timing-sensitive `serial` tests (agent harness, proxy) then run alone.
 python -m pytest -p xdist -n "${GYRE_TEST_LIVE_WORKERS:-3}" --dist loadfile -m "(mpi or slurm) and not serial" \
   --durations=25
 rc2=$?

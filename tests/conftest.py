@@ -9,8 +9,9 @@
   rank put on the queue and every exit code; a process still alive when the test ends is killed.
 
 Tests marked ``waits`` (most of their time is a wait on an outside clock: SLURM's time limit) are collected
-first, so that xdist (``--dist loadfile`` hands out modules in collection order) starts them first and their wait
-overlaps the other tests instead of ending the run alone on one worker.
+first, then those marked ``sglang`` (a real SGLang server starts in 1-2.5 minutes on these CPUs, their modules are
+the longest live ones), so that xdist (``--dist loadfile`` hands out modules in collection order) starts them
+first and they overlap the other tests instead of ending the run alone on one worker.
 
 Invariant: importing this file imports only the standard library and pytest (the heavy modules are imported inside
 the fixtures), so the pure unit tests stay light.
@@ -23,7 +24,8 @@ import pytest
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.get_closest_marker("waits") is None)  # stable: the rest keep their order
+    # stable: within each class the tests keep their order
+    items.sort(key=lambda item: (item.get_closest_marker("waits") is None, item.get_closest_marker("sglang") is None))
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ TIMEOUT_S = 1500
 VICTIM_CELL = 1  # not the core (cell 0): the core's engine serves the moved calls, and it trains the steps
 
 pytestmark = [pytest.mark.sglang, pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow,
-              pytest.mark.serial, pytest.mark.timeout(TIMEOUT_S + 120)]
+              pytest.mark.timeout(TIMEOUT_S + 120)]
 
 
 class ServerKiller(RunWatcher):

@@ -27,7 +27,7 @@ TIMEOUT_S = 1500
 SAFETENSORS_ERROR = "Error while deserializing header"
 
 pytestmark = [pytest.mark.sglang, pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow,
-              pytest.mark.serial, pytest.mark.timeout(TIMEOUT_S + 120)]
+              pytest.mark.timeout(TIMEOUT_S + 120)]
 
 
 @pytest.fixture(scope="module")
