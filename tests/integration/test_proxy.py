@@ -286,6 +286,9 @@ def test_killing_an_engine_mid_generation_loses_no_call(cluster, proxy, engines,
         loads = _wait(lambda: _all_in_flight(proxy, len(prompts)))
         on_victim = loads["e1"]
         assert on_victim >= 1 and loads["e0"] >= 1  # least-loaded spreads the four new runs
+        # Every call the proxy sent e1 is admitted into its batch (not still waiting, as on a slow
+        # machine) and generating, so that the kill lands mid-generation.
+        _wait(lambda: engines["e1"].loads().running == on_victim)
         before = _generated(engines["e1"])
         _wait(lambda: _generated(engines["e1"]) > before)
         engines["e1"].pause("in_place")  # its calls are mid-generation when it dies
