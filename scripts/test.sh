@@ -14,6 +14,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 # the import contract first (issue 14): a new cycle or upward import fails before any test runs
 lint-imports --no-cache || { echo "scripts/test.sh: the import contract (.importlinter) is broken" >&2; exit 1; }
+# pytest caches its assertion-rewritten test modules in __pycache__ (ignored by git) unless Python is told not to
+# write bytecode: with PYTHONDONTWRITEBYTECODE set (some images set it) each of the six collections below (one per
+# xdist worker) rewrote all ~300 test modules again, ~6 CPU s each (benchmarks/results/test_cpu.md)
+unset PYTHONDONTWRITEBYTECODE
 started=0
 if ! bash scripts/local-slurm.sh status >/dev/null 2>&1; then
   bash scripts/local-slurm.sh start || { echo "scripts/test.sh: the local SLURM cluster did not start" >&2; exit 1; }
@@ -23,8 +27,10 @@ stop() { [ "$started" = 1 ] && bash scripts/local-slurm.sh stop >/dev/null 2>&1;
 trap stop EXIT
 # tests marked sglang start real SGLang servers: install it when missing (idempotent, ~2 min the first time)
 # (on a CPU-only torch SGLang also needs the stubs setup_sglang.sh installs: checked through torch's build)
-python -c "import sglang, torch; torch.version.cuda or __import__('torchvision')" >/dev/null 2>&1 \
-  || bash scripts/setup.sh --sglang || { echo "scripts/test.sh: SGLang did not install" >&2; exit 1; }
+# (found, not imported: importing SGLang costs ~6 s; a CPU torch's version ends in +cpu)
+python -c "import importlib.metadata as m, importlib.util as u
+raise SystemExit(not (u.find_spec('sglang') and ('+cpu' not in m.version('torch') or u.find_spec('torchvision'))))" \
+  >/dev/null 2>&1 || bash scripts/setup.sh --sglang || { echo "scripts/test.sh: SGLang did not install" >&2; exit 1; }
 # tests of agent.kind mini-swe-agent run the real package from its own venv: make it when missing (idempotent)
 bash scripts/setup.sh --mini-swe-agent >/dev/null || { echo "scripts/test.sh: the mini-swe-agent venv did not install" >&2; exit 1; }
 if [ "$#" -gt 0 ]; then
@@ -46,8 +52,10 @@ fi
 # (marked `waits`) is collected first, so that its wait overlaps the other tests, then the live SGLang modules
 # (the longest: a server start is 1-2.5 minutes here; they ran in the serial group at 1.26 busy cores until
 # 2026-12-03, tests/conftest.py). The timing-sensitive `serial` tests (agent harness, proxy) then run alone.
-python -m pytest -p xdist -n "${GYRE_TEST_LIVE_WORKERS:-3}" --dist loadfile -m "(mpi or slurm) and not serial" \
-  --durations=25
+# --no-loadscope-reorder: xdist 3.8 otherwise hands out modules by their number of tests (most first), which put
+# the time-limit and SGLang modules (1-4 tests each) last, ending the group alone on one worker
+python -m pytest -p xdist -n "${GYRE_TEST_LIVE_WORKERS:-3}" --dist loadfile --no-loadscope-reorder \
+  -m "(mpi or slurm) and not serial" --durations=25
 rc2=$?
 python -m pytest -m "serial" --durations=25
 rc3=$?

@@ -11,7 +11,8 @@
 Tests marked ``waits`` (most of their time is a wait on an outside clock: SLURM's time limit) are collected
 first, then those marked ``sglang`` (a real SGLang server starts in 1-2.5 minutes on these CPUs, their modules are
 the longest live ones), so that xdist (``--dist loadfile`` hands out modules in collection order) starts them
-first and they overlap the other tests instead of ending the run alone on one worker.
+first and they overlap the other tests instead of ending the run alone on one worker (scripts/test.sh passes
+``--no-loadscope-reorder`` for that group: by default xdist 3.8 reorders modules by their number of tests).
 
 Invariant: importing this file imports only the standard library and pytest (the heavy modules are imported inside
 the fixtures), so the pure unit tests stay light.
