@@ -105,6 +105,22 @@ def test_recv_returns_a_message_that_arrives_while_it_polls():
     assert 0.3 <= clock.now() < 0.31
 
 
+def test_short_recv_calls_in_a_loop_keep_backing_off_and_a_message_restarts_the_back_off():
+    clock = ManualClock()
+    world = InProcessWorld(2)
+    alloc, cell = world.endpoint(0, clock, backoff_max_s=0.005), world.endpoint(1, clock)
+    for _ in range(50):  # an idle loop of 2 ms waits (a cell awaiting its group): 0.1 s in all
+        assert alloc.recv(timeout=0.002) is None
+    assert clock.now() == pytest.approx(0.1)
+    assert len(clock.slept) <= 60  # a fresh back-off per call slept 5 times a call (250 polls)
+    assert max(clock.slept) <= 0.005  # the reaction-time bound holds
+    cell.send(0, Bye(cell=0))
+    assert alloc.recv(timeout=0.002) == (1, Bye(cell=0))
+    clock.slept.clear()
+    assert alloc.recv(timeout=0.001) is None
+    assert clock.slept[0] == pytest.approx(1e-4)  # restarted at min_s after the message
+
+
 def test_cell_link_beats_only_after_an_interval_of_silence_with_increasing_seq():
     clock = ManualClock()
     world = InProcessWorld(2)
