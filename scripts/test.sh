@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 lint-imports --no-cache || { echo "scripts/test.sh: the import contract (.importlinter) is broken" >&2; exit 1; }
 # pytest caches its assertion-rewritten test modules in __pycache__ (ignored by git) unless Python is told not to
 # write bytecode: with PYTHONDONTWRITEBYTECODE set (some images set it) each of the six collections below (one per
-# xdist worker) rewrote all ~300 test modules again, ~6 CPU s each (benchmarks/results/test_cpu.md)
+# xdist worker) rewrote all ~300 test modules again: 9.0 s a collection, 4.5 s cached (BENCHMARKS.md)
 unset PYTHONDONTWRITEBYTECODE
 started=0
 if ! bash scripts/local-slurm.sh status >/dev/null 2>&1; then
@@ -26,8 +26,8 @@ fi
 stop() { [ "$started" = 1 ] && bash scripts/local-slurm.sh stop >/dev/null 2>&1; }
 trap stop EXIT
 # tests marked sglang start real SGLang servers: install it when missing (idempotent, ~2 min the first time)
-# (on a CPU-only torch SGLang also needs the stubs setup_sglang.sh installs: checked through torch's build)
-# (found, not imported: importing SGLang costs ~6 s; a CPU torch's version ends in +cpu)
+# (on a CPU-only torch, whose version ends in +cpu, SGLang also needs the stubs setup_sglang.sh installs; both are
+# found, not imported: importing SGLang costs ~6 s)
 python -c "import importlib.metadata as m, importlib.util as u
 raise SystemExit(not (u.find_spec('sglang') and ('+cpu' not in m.version('torch') or u.find_spec('torchvision'))))" \
   >/dev/null 2>&1 || bash scripts/setup.sh --sglang || { echo "scripts/test.sh: SGLang did not install" >&2; exit 1; }

@@ -55,7 +55,6 @@ class Transport(abc.ABC):
     def __init__(self, rank: int, size: int, clock: Clock | None = None, backoff_max_s: float = 5e-3):
         self.rank, self.size = rank, size
         self.clock = clock or WallClock()
-        self.backoff_max_s = backoff_max_s
         self.kinds: Mapping[str, type] = EVENTS if rank == ALLOCATOR else ORDERS
         self._idle = Backoff(self.clock, min(1e-4, backoff_max_s), backoff_max_s)  # across recv calls
 
