@@ -216,6 +216,11 @@ class TrainConfig:
         "accumulate over the step; null = all rows in one forward.",
     )
     threads: int | None = param(None, "torch intra-op threads on the CPU; null = leave torch's default.")
+    device_token_s: float = param(
+        0.0, "Emulated accelerator (live training): a group's forward/backward lasts at least device_token_s x its "
+             "trained tokens; the trainer sleeps the rest, leaving the CPU to others (engine.device_tick_s's "
+             "counterpart). For live benchmarks whose training should cost what it would on a device, on a machine "
+             "with fewer cores than cells. 0 = off: a group takes what the CPU takes.")
     tis_cap: float | None = param(
         None, "Truncated importance sampling: each token's policy-gradient term is weighted by "
               "min(exp(trainer_logprob_old - engine_logprob), tis_cap), and ppo's ratio is taken against the "
@@ -224,6 +229,7 @@ class TrainConfig:
 
     def check(self) -> None:
         require(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        require(self.device_token_s >= 0, "device_token_s", f"must be >= 0, got {self.device_token_s}")
         require(self.tis_cap is None or 0 < self.tis_cap < float("inf"), "tis_cap",
                 f"must be a finite number > 0 (the cap C of min(ratio, C)) or null, got {self.tis_cap}")
         require(0 < self.clip_eps < 1, "clip_eps", f"must be in (0, 1), got {self.clip_eps}")

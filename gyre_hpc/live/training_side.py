@@ -45,6 +45,8 @@ Invariants (tests/integration/test_live_training.py)
 - The step record's ``logprob_abs_diff_*`` combine the first forward of each of its groups (core or satellite,
   on the weights of the step's version: ``gyre_hpc.train.agreement``); epochs 2..E weigh each token against
   that first forward's trainer logprob (``train.tis_cap``), which the satellite sends along with its gradients.
+- With ``train.device_token_s`` > 0 (an emulated device) a group's gradients take at least device_token_s x its
+  trained tokens of the side's clock, and are the same as without it (tests/integration/test_train_device_floor.py).
 """
 from __future__ import annotations
 
@@ -79,7 +81,11 @@ class _Side:
         (``trainer_logprob``, what later epochs weigh against)."""
         if group.batch is None or group.trained_tokens == 0:
             return 0.0, {}, 0.0, agreement.empty()
+        t0 = self.clock.now()
         metrics, grads, mine = self.trainer.group_grads(group.batch, trainer_old)
+        floor = self.train.device_token_s * float(group.batch.loss_mask.sum())  # emulated device: time, not result
+        if (rest := floor - (self.clock.now() - t0)) > 0:
+            self.clock.sleep(rest)
         extra = {**{k: metrics[k] for k in agreement.KEYS}, "trainer_logprob": mine} if trainer_old is None else {}
         return float(group.batch.loss_mask.sum()), dp.to_numpy(grads), metrics["loss"], extra
 
