@@ -409,6 +409,14 @@ class ProxyConfig:
     routing: Literal["sticky_least_loaded", "round_robin"] = param(
         "sticky_least_loaded", "A run stays on its engine while it serves, else least-loaded; or plain rotation."
     )
+    balance_abs_threshold: int = param(
+        4, "sticky_least_loaded: a run leaves its engine for the least-loaded one (once nothing of it is in flight "
+           "there) when that engine's requests exceed the least-loaded ACTIVE engine's by more than this AND by more "
+           "than balance_rel_threshold times; when an engine joins, requests of such overloaded engines move to it "
+           "(docs/proxy.md). SGLang router's cache-aware balance rule; 4 = a quarter of an engine's default 16 "
+           "running slots (the router's own default, 64, is sized for GPU engines running hundreds).")
+    balance_rel_threshold: float = param(
+        1.5, "The relative half of the balance rule (SGLang router's default): load > this x the least load.")
     mover: Literal["kv", "reprefill"] = param(
         "kv", "How a cut request continues elsewhere: kv = move its cached KV blocks to the target over Mooncake "
               "(local engines with engine.kv_cache), falling back to re-prefill per move with the reason logged "
@@ -444,6 +452,10 @@ class ProxyConfig:
         for key in ("request_timeout_s", "health_timeout_s", "drain_timeout_s", "abort_retry_s", "startup_timeout_s"):
             require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
         require(self.no_engine_wait_s >= 0, "no_engine_wait_s", f"must be >= 0, got {self.no_engine_wait_s}")
+        require(self.balance_abs_threshold >= 0, "balance_abs_threshold",
+                f"must be >= 0 (requests), got {self.balance_abs_threshold}")
+        require(self.balance_rel_threshold >= 1, "balance_rel_threshold",
+                f"must be >= 1 (a ratio of loads), got {self.balance_rel_threshold}")
         require(self.event_log is None or self.event_log.strip() != "", "event_log", "must be a path or null")
 
 

@@ -12,6 +12,9 @@ Invariants (tests/integration/test_proxy.py)
   ``/abort_request`` is re-sent every ``abort_retry_s`` to a request the engine had not received yet.
 - ``mark_dead`` cancels the engine requests in flight there (their connections are dropped); each is resubmitted
   from the output kept before it (nothing partial comes back from a dead engine).
+- ``add_engine`` re-spreads: the requests ``Router.rebalance`` names (on overloaded engines, down to the mean) are
+  aborted there and continue elsewhere like a drained engine's (move reason ``rebalance``), logged once per add
+  (``rebalance``, with the loads); a request flagged for a drain or a death keeps that reason.
 """
 from __future__ import annotations
 
@@ -50,7 +53,26 @@ class EngineAdmin:
                 asyncio.ensure_future(old.aclose())
         self.events.write("engine_added", engine=name, url=eng.url, cell=cell)
         self._wake.set()
+        keys = self.router.rebalance()
+        if keys:
+            self.events.write("rebalance", engine=name, cell=cell, moving=len(keys),
+                              loads={e.name: e.load for e in self.router.active()})
+            task = asyncio.ensure_future(self._shed(keys))
+            self._shedding.add(task)
+            task.add_done_callback(self._shedding.discard)
         return eng
+
+    async def _shed(self, keys: list[str]) -> None:
+        """Move requests off the engines they are on (``Router.rebalance``): abort each there, re-sent every
+        ``abort_retry_s`` until it has left that engine or ``drain_timeout_s`` passed; its call's loop routes the
+        continuation afresh, avoiding the engine it left (move reason ``rebalance``)."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        where = {k: r.engine.name for k in keys if (r := self._flag(k, "rebalance", t0)) is not None}
+        while (left := [k for k, name in where.items() if self.router.where(k) == name]) \
+                and loop.time() < t0 + self.cfg.drain_timeout_s:
+            await asyncio.gather(*(self._abort_request(k, loop.time(), "rebalance") for k in left))
+            await asyncio.sleep(min(self.cfg.abort_retry_s, 0.05))
 
     def _names(self, engine: str | None, cell: int | None) -> list[str]:
         if (engine is None) == (cell is None):
@@ -85,11 +107,11 @@ class EngineAdmin:
             r.move_reason, r.move_t0 = reason, t0
         return r
 
-    async def _abort_request(self, key: str, now: float) -> None:
+    async def _abort_request(self, key: str, now: float, reason: str = "drain") -> None:
         r = self._requests.get(key)
         if r is None or now - r.abort_sent < self.cfg.abort_retry_s:
             return
-        self._flag(key, "drain", now)
+        self._flag(key, reason, now)
         r.abort_sent = now
         with contextlib.suppress(EngineError):
             await self._clients[r.engine.name].abort(key)

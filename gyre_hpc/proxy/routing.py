@@ -11,9 +11,18 @@ Engine states::
 
 Policies (``proxy.routing``):
 - ``sticky_least_loaded``: a run's requests go to the run's assigned engine while it is ACTIVE (its prefix cache
-  holds the run's context); a run without one (new, or its engine left) gets the least-loaded ACTIVE engine:
-  fewest requests in flight, ties to the engine added first.
+  holds the run's context) and not overloaded; a run without one (new, or its engine left), or whose engine is
+  overloaded while it has nothing in flight, gets the least-loaded ACTIVE engine: fewest requests in flight, ties
+  to the engine added first. *Overloaded* is SGLang router's cache-aware balance rule: load - min > ``balance_abs``
+  and load > ``balance_rel`` x min, min over the ACTIVE engines (``proxy.balance_abs_threshold``,
+  ``proxy.balance_rel_threshold``).
 - ``round_robin``: a run with no request in flight gets the next ACTIVE engine in rotation.
+
+Re-spreading (``rebalance``): when an engine joins (a cell back in rollout), the requests that waited for any
+engine at all have just landed on whichever joined first; ``rebalance`` names requests to move off each
+overloaded engine, its newest first and only those alone on their run, down to the mean load of the ACTIVE
+engines (the simulator's ``RolloutPool.rebalance`` when a cell returns to rollout). It changes no state: the
+service aborts them there and routes their continuations afresh, avoiding the engine they left.
 
 Invariants (each is tested in tests/unit/test_proxy_routing.py)
 - A run is on at most one engine at a time: a run is assigned to at most one engine, every request started for
@@ -24,6 +33,8 @@ Invariants (each is tested in tests/unit/test_proxy_routing.py)
   a DRAINING or DEAD engine becomes ACTIVE again (``add``) only once all of them have left it.
 - Load is the number of requests in flight: ``start`` adds one, ``finish`` removes one; finishing an unknown key
   is a ``RoutingError`` (no double counting); ``remove`` refuses an engine that still has requests in flight.
+- ``rebalance`` names only requests in flight on an overloaded ACTIVE engine whose run has no other request in
+  flight, at most load - floor(mean) per engine, none when no engine is overloaded.
 """
 from __future__ import annotations
 
@@ -69,7 +80,7 @@ class Engine:
     cell: int
     order: int
     state: EngineState = EngineState.ACTIVE
-    in_flight: set[str] = field(default_factory=set)
+    in_flight: dict[str, None] = field(default_factory=dict)  # keys in the order they started (an ordered set)
 
     @property
     def load(self) -> int:
@@ -83,10 +94,10 @@ class Engine:
 class Router:
     """The registry plus the run → engine assignment; every method is a plain state change, no I/O."""
 
-    def __init__(self, policy: str = "sticky_least_loaded"):
+    def __init__(self, policy: str = "sticky_least_loaded", balance_abs: int = 4, balance_rel: float = 1.5):
         if policy not in POLICIES:
             raise ProxyError(f"proxy.routing: {policy!r} is not one of {', '.join(POLICIES)}")
-        self.policy = policy
+        self.policy, self.balance_abs, self.balance_rel = policy, balance_abs, balance_rel
         self._engines: dict[str, Engine] = {}
         self._assigned: dict[str, str] = {}  # run id -> engine name
         self._requests: dict[str, tuple[str, str]] = {}  # key -> (run id, engine name)
@@ -161,6 +172,25 @@ class Router:
     def assigned(self, run_id: str) -> str | None:
         return self._assigned.get(run_id)
 
+    def overloaded(self, eng: Engine) -> bool:
+        """SGLang router's balance rule against the least-loaded ACTIVE engine (module docstring)."""
+        low = min((e.load for e in self.active()), default=eng.load)
+        return eng.load - low > self.balance_abs and eng.load > self.balance_rel * low
+
+    def rebalance(self) -> list[str]:
+        """Requests to move off overloaded ACTIVE engines, newest first, down to the mean load (no state change)."""
+        active = self.active()
+        if len(active) < 2:
+            return []
+        mean = sum(e.load for e in active) // len(active)
+        keys: list[str] = []
+        for eng in active:
+            if not self.overloaded(eng):
+                continue
+            alone = [k for k in reversed(eng.in_flight) if self._run_load[self._requests[k][0]] == 1]
+            keys += alone[:eng.load - mean]
+        return keys
+
     def choose(self, run_id: str, avoid: Iterable[str] = ()) -> Engine:
         """The engine the run's next request goes to (no state change); ``avoid`` is a preference only."""
         active = self.active()
@@ -171,7 +201,7 @@ class Router:
         if current is not None and current.state is EngineState.ACTIVE:
             if self._run_load.get(run_id, 0):
                 return current  # the run has requests in flight there: it stays on one engine
-            if self.policy == "sticky_least_loaded" and current.name not in avoid:
+            if self.policy == "sticky_least_loaded" and current.name not in avoid and not self.overloaded(current):
                 return current
         pool = [e for e in active if e.name not in avoid] or active
         if self.policy == "round_robin":
@@ -188,7 +218,7 @@ class Router:
         self._assigned[run_id] = eng.name
         self._requests[key] = (run_id, eng.name)
         self._run_load[run_id] = self._run_load.get(run_id, 0) + 1
-        eng.in_flight.add(key)
+        eng.in_flight[key] = None
         return eng
 
     def finish(self, key: str) -> str:
@@ -203,7 +233,7 @@ class Router:
         else:
             del self._run_load[run_id]
         if name in self._engines:
-            self._engines[name].in_flight.discard(key)
+            self._engines[name].in_flight.pop(key, None)
         return name
 
     def where(self, key: str) -> str | None:

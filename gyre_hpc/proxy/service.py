@@ -76,7 +76,7 @@ class ProxyService(EngineAdmin):
                  clock: Clock | None = None):
         self.cfg = cfg
         self.clock = clock or WallClock()  # wall(): the calls' stamps in TITO (and the OpenAI answers' ``created``)
-        self.router = Router(cfg.routing)
+        self.router = Router(cfg.routing, cfg.balance_abs_threshold, cfg.balance_rel_threshold)
         self.events = events if events is not None else proxy_log(cfg.event_log)
         self.recorder = TitoRecorder()
         self.mover = mover if mover is not None else make_mover(cfg.mover, self.events, cfg.kv_version_policy,
@@ -86,6 +86,7 @@ class ProxyService(EngineAdmin):
         self._calls: dict[str, _Call] = {}  # harness rid -> call
         self._keys = itertools.count()
         self._wake = asyncio.Event()
+        self._shedding: set[asyncio.Task] = set()  # rebalance tasks in progress (admin.py)
         # prompt_tokens / cached_tokens: summed over engine answers (meta_info), the prefix cache's hit rate
         self.counts = {"calls_done": 0, "moves": 0, "calls_lost": 0, "calls_late": 0, "outcomes_recovered": 0,
                        "prompt_tokens": 0, "cached_tokens": 0, "moves_kv": 0, "moves_reprefill": 0}
@@ -289,6 +290,8 @@ class ProxyService(EngineAdmin):
                 "engines": [e.describe() for e in self.router.engines()]}
 
     async def aclose(self) -> None:
+        for task in list(self._shedding):
+            task.cancel()
         for client in self._clients.values():
             await client.aclose()
         self._clients.clear()

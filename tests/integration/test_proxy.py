@@ -273,6 +273,41 @@ def test_a_call_waits_for_an_engine_when_none_serves_and_fails_clearly_if_none_c
             proxy.add_engine(cluster[1][name].url, cell=i, name=name)
 
 
+def test_calls_that_waited_for_any_engine_spread_when_the_next_engine_joins(cluster, proxy, engines, tmp_path):
+    """All cells left rollout (colocate's training) while calls were in flight: they wait, land together on the
+    first engine back, and move to the next one when it joins (Router.rebalance), each answer exact."""
+    n, calls = 24, 8
+    reference = engines["e0"].generate(PROMPT, {"max_new_tokens": n, **GREEDY}).output_ids
+    for name in ("e0", "e1"):
+        proxy.drain(engine=name)
+    since = len(read_events(cluster[2]))
+    engines["e0"].pause("in_place")  # the first engine back holds what it gets until the second one joins
+    try:
+        with concurrent.futures.ThreadPoolExecutor(calls) as pool:
+            futs = [_background(pool, cluster[0].url, f"q10-r{i}/c0", n) for i in range(calls)]
+            time.sleep(0.3)
+            proxy.add_engine(cluster[1]["e0"].url, cell=0, name="e0")
+            _wait(lambda: _in_flight(proxy)["e0"] == calls)
+            proxy.add_engine(cluster[1]["e1"].url, cell=1, name="e1")
+            _wait(lambda: _in_flight(proxy)["e0"] == calls // 2)
+            engines["e0"].resume()
+            results = [f.result(60) for f in futs]
+    finally:
+        engines["e0"].resume()
+        for i, name in enumerate(("e0", "e1")):
+            proxy.add_engine(cluster[1][name].url, cell=i, name=name)
+    assert all(r.output_ids == reference for r in results)  # a moved call is as if never moved
+    served = sorted(r.meta_info["proxy"]["engines"] for r in results)
+    assert served == ["e0"] * (calls // 2) + ["e1"] * (calls // 2), served  # paused: nothing generated on e0
+    events = _new_events(cluster, since)
+    (rebalance,) = [e for e in events if e["event"] == "rebalance"]
+    assert rebalance["engine"] == "e1" and rebalance["moving"] == calls // 2
+    moves = [e for e in events if e["event"] == "move"]
+    assert len(moves) == calls // 2 and all(m["reason"] == "rebalance" and m["to_engine"] == "e1" for m in moves)
+    assert proxy.stats()["runs_lost"] == 0
+    _flush(proxy, tmp_path, [f"q10-r{i}" for i in range(calls)])
+
+
 def test_killing_an_engine_mid_generation_loses_no_call(cluster, proxy, engines, tmp_path):
     """Runs last: e1's process is killed (SIGKILL by PID) while calls run on both engines."""
     n = 240  # long enough that e1's calls are still mid-generation when it is paused, on a loaded machine

@@ -32,6 +32,71 @@ def test_run_sticks_to_its_engine_even_when_another_is_less_loaded():
     assert r.start("k4", "run1").name == "a"  # sticky with nothing in flight too
 
 
+def _pile(r, engine_runs):
+    """Start one request per run on the named engines (each run pinned there by starting while it is least loaded)."""
+    for name, runs in engine_runs.items():
+        for run in runs:
+            r._assigned[run] = name  # noqa: SLF001 - pin the run as an earlier sticky call would have
+            r.start(f"{run}-k", run)
+
+
+def test_a_run_leaves_its_overloaded_engine_once_nothing_of_it_is_in_flight_there():
+    r = Router(balance_abs=4, balance_rel=1.5)
+    r.add("a", "http://127.0.0.1/a", 0)
+    _pile(r, {"a": [f"r{i}" for i in range(6)]})
+    r.add("b", "http://127.0.0.1/b", 1)
+    r.finish("r0-k")  # a holds 5, b 0: 5 - 0 > 4 and 5 > 1.5 x 0
+    assert r.start("r0-k2", "r0").name == "b"
+
+
+def test_a_run_stays_on_its_engine_within_the_balance_thresholds():
+    r = Router(balance_abs=4, balance_rel=1.5)
+    r.add("a", "http://127.0.0.1/a", 0)
+    _pile(r, {"a": [f"r{i}" for i in range(5)]})
+    r.add("b", "http://127.0.0.1/b", 1)
+    r.finish("r0-k")  # a holds 4, b 0: 4 - 0 is not more than 4
+    assert r.start("r0-k2", "r0").name == "a"
+
+
+def test_rebalance_names_the_newest_lone_requests_of_an_overloaded_engine_down_to_the_mean():
+    r = Router(balance_abs=4, balance_rel=1.5)
+    r.add("a", "http://127.0.0.1/a", 0)
+    _pile(r, {"a": [f"r{i}" for i in range(10)]})
+    r._assigned["r9"] = "a"  # noqa: SLF001
+    r.start("r9-k2", "r9")  # r9 has two requests in flight: never split
+    r.add("b", "http://127.0.0.1/b", 1)
+    # 11 in flight, mean 5: 6 may go, newest first, r9's two skipped
+    assert r.rebalance() == ["r8-k", "r7-k", "r6-k", "r5-k", "r4-k", "r3-k"]
+    assert [e.load for e in r.engines()] == [11, 0]  # naming changes nothing
+
+
+def test_rebalance_names_nothing_with_one_active_engine_or_loads_within_the_thresholds():
+    r = Router(balance_abs=4, balance_rel=1.5)
+    r.add("a", "http://127.0.0.1/a", 0)
+    _pile(r, {"a": [f"r{i}" for i in range(20)]})
+    assert r.rebalance() == []  # nowhere to go
+    r.add("b", "http://127.0.0.1/b", 1)
+    r.add("c", "http://127.0.0.1/c", 2)
+    r.drain(["b"])
+    _pile(r, {"c": [f"s{i}" for i in range(16)]})  # a 20, c 16: 4 apart
+    assert r.rebalance() == []
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_moving_what_rebalance_names_leaves_no_engine_overloaded(seed):
+    rng = random.Random(seed)
+    r = Router(balance_abs=4, balance_rel=1.5)
+    r.add("e0", "http://127.0.0.1/e0", 0)
+    _pile(r, {"e0": [f"r{i}" for i in range(rng.randint(10, 60))]})
+    for cell in range(1, 4):
+        r.add(f"e{cell}", f"http://127.0.0.1/e{cell}", cell)
+        for key in r.rebalance():  # what the service does: abort there, continue on another engine
+            run, source = r._requests[key][0], r.where(key)  # noqa: SLF001
+            r.finish(key)
+            assert r.start(key + "m", run, avoid=[source]).name != source
+        assert not any(r.overloaded(e) for e in r.active()), [e.load for e in r.active()]
+
+
 def test_round_robin_rotates_new_runs_over_active_engines():
     r = router("round_robin")
     picks = []
@@ -232,3 +297,12 @@ def test_the_routing_core_imports_only_the_standard_library():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("key,value", [("balance_abs_threshold", -1), ("balance_rel_threshold", 0.5)])
+def test_a_balance_threshold_out_of_range_fails_at_load_with_the_dotted_key(key, value):
+    from gyre_hpc.config import load_config
+    from gyre_hpc.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"proxy.{key}"):
+        load_config("configs/local.yaml", [f"proxy.{key}={value}"])
