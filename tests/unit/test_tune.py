@@ -73,3 +73,14 @@ def test_gyres_satellite_threshold_is_searched_for_gyre_alone():
     values = grid("satellite_min_work_s", cfg, 3600.0)
     own = cfg.scheduler.satellite_min_work_s
     assert own in values and 0.0 in values and min(v for v in values if v > 0) < own < max(values)
+
+
+def test_the_committed_trainheavy_overlay_is_what_gyre_tune_chooses_on_its_trace(tmp_path, capsys):
+    """benchmarks/results/tuned/live_trainheavy.yaml came from its header's command on the committed trace: the
+    live benchmark's knobs stay reproducible (one tuning path for all policies, issue 13)."""
+    committed = "benchmarks/results/tuned/live_trainheavy.yaml"
+    out = tmp_path / "again.yaml"
+    assert main(["tune", "--trace", "tests/unit/data/live_trainheavy_gyre", "--budget", "24",
+                 "--set", "scheduler.staleness_target=1.0", "--set", "sim.steps=12", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert yaml.safe_load(out.read_text()) == yaml.safe_load(open(committed).read())
