@@ -44,6 +44,17 @@ def test_later_sources_win_and_rows_come_in_job_id_order():
     assert [r["JobId"] for r in merged] == ["9", "10"] and merged[1]["JobState"] == "COMPLETED"
 
 
+def test_a_completing_job_keeps_the_node_list_of_its_allocation():
+    ended = {"JobId": "12", "JobState": "COMPLETED", "NodeList": "n[1-2]"}  # the jobcomp line
+    completing = {"JobId": "12", "JobState": "COMPLETING", "NodeList": "n1"}  # scontrol: n2's epilog is done
+    (merged,) = sacct.merge([ended], [completing])
+    assert merged["NodeList"] == "n[1-2]" and merged["JobState"] == "COMPLETING"
+    (alone,) = sacct.merge([], [completing])  # nothing better known
+    assert alone["NodeList"] == "n1"
+    requeued = {"JobId": "12", "JobState": "RUNNING", "NodeList": "n3"}
+    assert sacct.merge([ended], [requeued])[0]["NodeList"] == "n3"
+
+
 def test_render_parsable2_parsable_and_columns():
     recs = [sacct.parse_record(JOBCOMP), sacct.parse_record(PENDING_ARRAY)]
     fields = ["jobid", "state", "nodelist"]
