@@ -81,13 +81,12 @@ class _Side:
         (``trainer_logprob``, what later epochs weigh against)."""
         if group.batch is None or group.trained_tokens == 0:
             return 0.0, {}, 0.0, agreement.empty()
-        t0 = self.clock.now()
+        t0, z = self.clock.now(), float(group.batch.loss_mask.sum())
         metrics, grads, mine = self.trainer.group_grads(group.batch, trainer_old)
-        floor = self.train.device_token_s * float(group.batch.loss_mask.sum())  # emulated device: time, not result
-        if (rest := floor - (self.clock.now() - t0)) > 0:
+        if (rest := self.train.device_token_s * z - (self.clock.now() - t0)) > 0:  # emulated device: time only
             self.clock.sleep(rest)
         extra = {**{k: metrics[k] for k in agreement.KEYS}, "trainer_logprob": mine} if trainer_old is None else {}
-        return float(group.batch.loss_mask.sum()), dp.to_numpy(grads), metrics["loss"], extra
+        return z, dp.to_numpy(grads), metrics["loss"], extra
 
 
 class CoreTrainer(_Side):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
+from typing import Callable
 
 from gyre_hpc.engines.client import AsyncEngineClient
 from gyre_hpc.errors import EngineError
@@ -66,13 +67,19 @@ class EngineAdmin:
         """Move requests off the engines they are on (``Router.rebalance``): abort each there, re-sent every
         ``abort_retry_s`` until it has left that engine or ``drain_timeout_s`` passed; its call's loop routes the
         continuation afresh, avoiding the engine it left (move reason ``rebalance``)."""
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
+        t0 = asyncio.get_running_loop().time()
         where = {k: r.engine.name for k in keys if (r := self._flag(k, "rebalance", t0)) is not None}
-        while (left := [k for k, name in where.items() if self.router.where(k) == name]) \
-                and loop.time() < t0 + self.cfg.drain_timeout_s:
-            await asyncio.gather(*(self._abort_request(k, loop.time(), "rebalance") for k in left))
+        await self._abort_until_gone(lambda: [k for k, name in where.items() if self.router.where(k) == name],
+                                     t0 + self.cfg.drain_timeout_s, "rebalance")
+
+    async def _abort_until_gone(self, left: Callable[[], list[str]], deadline: float, reason: str) -> list[str]:
+        """Abort the keys ``left()`` names (re-sent every ``abort_retry_s``) until it names none or ``deadline``
+        passed; returns the keys still there."""
+        loop = asyncio.get_running_loop()
+        while (keys := left()) and loop.time() < deadline:
+            await asyncio.gather(*(self._abort_request(k, loop.time(), reason) for k in keys))
             await asyncio.sleep(min(self.cfg.abort_retry_s, 0.05))
+        return keys
 
     def _names(self, engine: str | None, cell: int | None) -> list[str]:
         if (engine is None) == (cell is None):
@@ -92,9 +99,8 @@ class EngineAdmin:
         for key in keys:
             self._flag(key, "drain", t0)
         deadline = t0 + (self.cfg.drain_timeout_s if timeout_s is None else timeout_s)
-        while (left := [k for n in names for k in sorted(self.router.engine(n).in_flight)]) and loop.time() < deadline:
-            await asyncio.gather(*(self._abort_request(k, loop.time()) for k in left))
-            await asyncio.sleep(min(self.cfg.abort_retry_s, 0.05))
+        left = await self._abort_until_gone(lambda: [k for n in names for k in sorted(self.router.engine(n).in_flight)],
+                                            deadline, "drain")
         seconds = loop.time() - t0
         for name in names:
             self.events.write("engine_drained", engine=name, cell=self.router.engine(name).cell, moved=len(keys),

@@ -172,9 +172,10 @@ class Router:
     def assigned(self, run_id: str) -> str | None:
         return self._assigned.get(run_id)
 
-    def overloaded(self, eng: Engine) -> bool:
-        """SGLang router's balance rule against the least-loaded ACTIVE engine (module docstring)."""
-        low = min((e.load for e in self.active()), default=eng.load)
+    def overloaded(self, eng: Engine, active: list[Engine] | None = None) -> bool:
+        """SGLang router's balance rule against the least-loaded ACTIVE engine (module docstring); ``active``:
+        ``self.active()`` when the caller already holds it."""
+        low = min((e.load for e in (self.active() if active is None else active)), default=eng.load)
         return eng.load - low > self.balance_abs and eng.load > self.balance_rel * low
 
     def rebalance(self) -> list[str]:
@@ -185,7 +186,7 @@ class Router:
         mean = sum(e.load for e in active) // len(active)
         keys: list[str] = []
         for eng in active:
-            if not self.overloaded(eng):
+            if not self.overloaded(eng, active):
                 continue
             alone = [k for k in reversed(eng.in_flight) if self._run_load[self._requests[k][0]] == 1]
             keys += alone[:eng.load - mean]
@@ -201,7 +202,8 @@ class Router:
         if current is not None and current.state is EngineState.ACTIVE:
             if self._run_load.get(run_id, 0):
                 return current  # the run has requests in flight there: it stays on one engine
-            if self.policy == "sticky_least_loaded" and current.name not in avoid and not self.overloaded(current):
+            if self.policy == "sticky_least_loaded" and current.name not in avoid \
+                    and not self.overloaded(current, active):
                 return current
         pool = [e for e in active if e.name not in avoid] or active
         if self.policy == "round_robin":
