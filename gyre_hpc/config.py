@@ -104,6 +104,11 @@ class ClusterConfig:
     gpus_per_node: int = param(0, "GPUs per node; 0 means CPU-only cells (the embedded default).")
     tensor_parallel: int = param(1, "Tensor-parallel size of one training replica / engine inside a cell.")
     pipeline_parallel: int = param(1, "Pipeline-parallel size of one training replica inside a cell.")
+    workers_per_node: int | None = param(
+        None, "Worker processes per node, one per GPU: a cell runs nodes_per_cell x workers_per_node workers "
+              "that train together (TP x PP x DP) or serve together (engine replicas). null = gpus_per_node, or 1 "
+              "on CPU-only cells; on CPU a larger value emulates GPUs (each worker a process); with GPUs it must "
+              "equal gpus_per_node.")
     listen_interface: str | None = param(
         None, "Interface whose address the run's wildcard listeners bind (mpirun, Open MPI's TCP BTL, Mooncake's "
         "handshake: an LD_PRELOAD shim, gyre_hpc/native/bind_local.c; each process reads its own node's address); "
@@ -117,6 +122,21 @@ class ClusterConfig:
         for key in ("cells", "nodes_per_cell", "tensor_parallel", "pipeline_parallel"):
             require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         require(self.gpus_per_node >= 0, "gpus_per_node", f"must be >= 0, got {self.gpus_per_node}")
+        if self.workers_per_node is not None:
+            require(1 <= self.workers_per_node <= GEOMETRY_LIMITS["gpus_per_node"], "workers_per_node",
+                    f"must be between 1 and {GEOMETRY_LIMITS['gpus_per_node']}, got {self.workers_per_node}")
+            require(not self.gpus_per_node or self.workers_per_node == self.gpus_per_node, "workers_per_node",
+                    f"is one worker per GPU: with gpus_per_node={self.gpus_per_node} it must be "
+                    f"{self.gpus_per_node} or null, got {self.workers_per_node}")
+
+    @property
+    def workers(self) -> int:
+        """Worker processes per node (one per GPU; emulated GPUs on CPU-only cells)."""
+        return self.workers_per_node or self.gpus_per_node or 1
+
+    @property
+    def workers_per_cell(self) -> int:
+        return self.nodes_per_cell * self.workers
         for key, most in GEOMETRY_LIMITS.items():  # absurd geometry is refused here, before any plan is made
             require(getattr(self, key) <= most, key, f"must be <= {most}, got {getattr(self, key)}")
         require(self.cells * self.nodes_per_cell <= MAX_NODES, "cells",
@@ -275,6 +295,8 @@ class EngineConfig:
     """Rollout engines: every engine speaks SGLang's HTTP protocol; ``local`` is the in-repo CPU engine."""
 
     kind: Literal["local", "sglang"] = param("local", "Engine behind each rollout URL: the in-repo local engine or SGLang.")
+    tp: int = param(1, "Tensor-parallel size of one engine replica (SGLang --tp-size): a rollout cell serves "
+                       "workers_per_cell / tp replicas, each on its own tp GPUs of one node.")
     host: str = param("127.0.0.1", "Address the engines listen on.")
     port_base: int = param(30000, "Engine i listens on port_base + i.")
     max_running_requests: int = param(16, "Requests decoded together in one batch; more wait in a FIFO queue.")
@@ -337,6 +359,7 @@ class EngineConfig:
                     "torch_threads"):
             require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         require(1 <= self.port_base <= 65535, "port_base", f"must be a TCP port, got {self.port_base}")
+        require(self.tp >= 1, "tp", f"must be >= 1, got {self.tp}")
         for key in ("kv_block_size", "kv_pool_tokens", "kv_prefill_chunk"):
             require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         require(self.connect_retries >= 0, "connect_retries", f"must be >= 0, got {self.connect_retries}")
