@@ -47,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(script, end="")
         return 0
+    from gyre_hpc.slurm.layout import preflight
+
+    preflight(cfg)  # the layout fits the model and the engines, before anything is written or submitted
     sbatch = shutil.which("sbatch")
     if sbatch is None:
         raise GyreError("sbatch not found on PATH: submit from a SLURM login node (or start the local cluster: "

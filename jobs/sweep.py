@@ -22,7 +22,7 @@ from gyre_hpc.errors import ConfigError
 from gyre_hpc.io import atomic_write_text
 from gyre_hpc.sweep import (counts, expand, load_elements, markdown_table, metric_columns, parse_grid, result_rows,
                             write_results)
-from gyre_hpc.slurm.layout import check_live_run
+from gyre_hpc.slurm.layout import preflight
 from jobs import add_overrides
 
 DESCRIPTION = """\
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     axes = parse_grid(args.grid)
     elements = expand(axes)
-    cfgs = load_elements(args.config, args.overrides, elements, validate_all if args.simulate else check_live_run)
+    cfgs = load_elements(args.config, args.overrides, elements, validate_all if args.simulate else preflight)
     kind = executor_kind(args.executor)
     out = Path(args.out or f"runs/sweep-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     if out.exists() and any(out.iterdir()):

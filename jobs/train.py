@@ -77,7 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="continue a preempted run from RUN_DIR/resume (steps, version and staleness carry on)")
     p.add_argument("--run-dir", help=argparse.SUPPRESS)  # set by the launcher for the ranks
     p.add_argument("--dry-run", action="store_true",
-                   help="print the layout and the launch commands; start nothing, touch no device")
+                   help="print the layout (every rank: node, GPU, cell, TP/PP/DP ranks) and the launch commands; "
+                        "start nothing, touch no device; with --json as one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,9 +96,9 @@ def run(args: argparse.Namespace) -> int:
     if rank:
         _check_placement(cfg)
         return run_rank(cfg, args, preemption)
-    from gyre_hpc.allocator.policies import validate
+    from gyre_hpc.slurm.layout import preflight
 
-    validate(cfg.scheduler.policy, cfg.scheduler, cfg.cluster.cells)
+    layout = preflight(cfg)  # one line naming the key, before anything is written or started
     if getattr(args, "resume", None):
         cfg = run_init.for_run(cfg, Path(args.resume))  # the run's own initial model, never a new one
         run_dir = _resumable(cfg, Path(args.resume))
@@ -121,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     events_path = run_dir / cfg.allocator.events_file
 
     def launch_once() -> int:
-        code = launch(args, cfg.cluster.cells, run_dir, preemption, listen_interface=cfg.cluster.listen_interface)
+        code = launch(args, layout.world_size, run_dir, preemption, listen_interface=cfg.cluster.listen_interface)
         _stop_left_behind(run_dir)
         return code
 
@@ -239,10 +240,11 @@ def _preempted(args: argparse.Namespace, run_dir: Path) -> int:
 
 
 def _dry_run(cfg, args: argparse.Namespace) -> int:
-    """The layout (the SLURM job's nodes inside an allocation, else local names) and the launch command."""
+    """The layout (the SLURM job's nodes inside an allocation, else local names), the pre-flight verdict and the
+    launch command; with --json one object whose ``ranks`` list holds every process."""
     from gyre_hpc.slurm import env as slurm_env
-    from gyre_hpc.slurm.dryrun import describe
-    from gyre_hpc.slurm.layout import local_nodes, plan, plan_from_env
+    from gyre_hpc.slurm.dryrun import as_json, describe
+    from gyre_hpc.slurm.layout import geometry_problems, local_nodes, plan, plan_from_env
 
     run_dir = Path(args.run_dir or f"{cfg.run.out_dir}/{cfg.run.name}-TIMESTAMP")
     if slurm_env.in_slurm():
@@ -255,7 +257,11 @@ def _dry_run(cfg, args: argparse.Namespace) -> int:
         launch_cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-n", str(layout.world_size)]
         launch_cmd += rank_command(args, run_dir)
         source = "no SLURM job: local node names, one machine"
-    print(describe(layout, cfg.cluster, source, [launch_cmd]), end="")
+    problems = geometry_problems(cfg)
+    if args.json:
+        print(json.dumps(as_json(layout, cfg.cluster, cfg.engine.tp, source, [launch_cmd], problems)))
+    else:
+        print(describe(layout, cfg.cluster, source, [launch_cmd], problems), end="")
     return 0
 
 
@@ -278,11 +284,11 @@ def _check_placement(cfg) -> None:
     """Inside a SLURM step: this rank runs where the layout puts it (world size, SLURMD_NODENAME), else a
     LayoutError naming the key, before MPI starts (every rank fails alike, so the step ends at once)."""
     from gyre_hpc.slurm import env as slurm_env
-    from gyre_hpc.slurm.layout import plan_from_env
+    from gyre_hpc.slurm.layout import preflight
 
     env = slurm_env.from_environ() if slurm_env.in_slurm() else None
     if env is not None and env.step_id is not None:  # srun's ranks; mpirun's ranks have no SLURM variables
-        plan_from_env(cfg.cluster, env).placement_from_env(env)
+        preflight(cfg, env.job_nodes, env.gpus_on_node).placement_from_env(env)
 
 
 def _sync(cfg, args: argparse.Namespace) -> int:

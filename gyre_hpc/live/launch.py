@@ -1,10 +1,11 @@
-"""``gyre train``'s launcher on one machine: mpirun with 1 + K ranks, preemption forwarded, no orphan left.
+"""``gyre train``'s launcher on one machine: mpirun with 1 + K x W ranks, preemption forwarded, no orphan left.
 
 ::
 
-    launch(args, cells, run_dir)
-      └─ mpirun --oversubscribe --bind-to none -n 1+K  python -m gyre_hpc.cli train CONFIG --run-dir RUN_DIR ...
-           every rank runs ``gyre_hpc.live.rank.run_rank`` (rank 0 the root, the others their cell)
+    launch(args, world_size, run_dir)                              world_size = 1 + cells x workers per cell
+      └─ mpirun --oversubscribe --bind-to none -n 1+KW  python -m gyre_hpc.cli train CONFIG --run-dir RUN_DIR ...
+           every rank runs ``gyre_hpc.live.rank.run_rank`` (rank 0 the root, a cell's worker 0 its runner, the
+           cell's other workers follow their leader: gyre_hpc.live.workers)
 
 Invariants
 - The ranks get this job's own secret (``gyre_hpc.auth``) through the environment only, never one inherited
@@ -41,9 +42,9 @@ from gyre_hpc.openmpi import LOCAL_EXPORTS, SINGLE_HOST_EXPORTS
 LAUNCHED_ENV = "GYRE_LAUNCHED"
 
 
-def launch(args: argparse.Namespace, cells: int, run_dir: Path, pending=None,
+def launch(args: argparse.Namespace, world_size: int, run_dir: Path, pending=None,
            listen_interface: str | None = None) -> int:
-    """mpirun this job with 1 + cells ranks and wait for it; SIGTERM/SIGUSR1 preempt it (RUN_DIR/preempt.request,
+    """mpirun this job with ``world_size`` ranks (``Layout.world_size``) and wait for it; SIGTERM/SIGUSR1 preempt it (RUN_DIR/preempt.request,
     which rank 0 polls; ``pending``: a signal noted before mpirun started), a second one or SIGINT interrupts it.
     ``listen_interface``: ``cluster.listen_interface`` (null: lo, the job is on this machine)."""
     mpirun = shutil.which("mpirun")
@@ -56,7 +57,7 @@ def launch(args: argparse.Namespace, cells: int, run_dir: Path, pending=None,
     os.environ[auth.ENV] = auth.new_secret()  # this job's own secret (never one inherited from the shell)
     auth.write_secret(run_dir, os.environ[auth.ENV])  # to the ranks through the environment only
     env = mpirun_env(interface)
-    cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-n", str(1 + cells)] + rank_command(args, run_dir)
+    cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-n", str(world_size)] + rank_command(args, run_dir)
     from gyre_hpc.live.preempt import REQUEST_FILE
 
     (run_dir / REQUEST_FILE).unlink(missing_ok=True)  # a request of an earlier segment was served

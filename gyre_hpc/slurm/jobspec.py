@@ -5,8 +5,8 @@ A training job through submitit runs exactly what ``sbatch/local_4node.sh`` runs
     #SBATCH --nodes=cells x nodes_per_cell --ntasks-per-node=1 ...      (submitit writes these from the keywords)
     # setup                                                              (slurm_setup, from here)
     export OMPI_...                  slurm.local_cluster's loopback settings, slurm.exports, slurm.setup lines
-    SLURM_HOSTFILE=RUN_DIR/hostfile  rank 0 on the first node, rank k+1 on the first node of cell k
-    srun --unbuffered ... --ntasks=1+K --distribution=arbitrary --overlap --overcommit --mpi=pmix
+    SLURM_HOSTFILE=RUN_DIR/hostfile  rank 0 on the first node, then W / node workers on every node, in order
+    srun --unbuffered ... --ntasks=1+KW --distribution=arbitrary --overlap --overcommit --mpi=pmix
          --kill-on-bad-exit=1  python -m submitit.core._submit FOLDER   (slurm_srun_args, from here)
 
 so every submitit task is one rank of ONE pmix MPI world, placed as ``Layout.control_srun_args`` places it
@@ -17,7 +17,7 @@ Invariants (tests/unit/test_jobspec.py)
 - Pure: the same config and run directory give the same keywords; the layout is validated (``layout.plan``)
   first, so a layout that does not fit raises ``LayoutError`` and nothing is submitted.
 - ``slurm_srun_args`` are ``Layout.control_srun_args()`` without ``--nodelist`` (the hostfile replaces it).
-- The hostfile has ``1 + cells`` lines, the rank nodes in rank order (``Layout.rank_nodes`` at run time).
+- The hostfile has ``1 + cells x workers per cell`` lines, the rank nodes in rank order (``Layout.rank_nodes`` at run time).
 - Local-executor and simulation keywords ask for one node and one task.
 - The setup lines carry the bind shim's lines exactly as the sbatch script does (``gyre_hpc.listen.batch_lines``).
 """
@@ -67,10 +67,10 @@ def setup_lines(cfg: GyreConfig, run_dir: str | Path) -> list[str]:
     lines += listen.batch_lines(listen.interface(c.listen_interface, s.local_cluster), shlex.quote(s.python))
     hostfile = shlex.quote(str(Path(run_dir) / "hostfile")) + '-"$SLURM_JOB_ID"'
     lines += [
-        "# rank 0 on the first node, rank k+1 on the first node of cell k (gyre_hpc.slurm.layout)",
+        "# rank 0 on the first node, then one worker per GPU on every node, in order (gyre_hpc.slurm.layout)",
         'mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
-        f'{{ echo "${{NODES[0]}}"; for ((k = 0; k < {c.cells}; k++)); do echo "${{NODES[k * {c.nodes_per_cell}]}}"; '
-        f"done; }} > {hostfile}",
+        f'{{ echo "${{NODES[0]}}"; for N in "${{NODES[@]}}"; do for ((w = 0; w < {c.workers}; w++)); do echo "$N"; '
+        f"done; done; }} > {hostfile}",
         f"export SLURM_HOSTFILE={hostfile}",
     ]
     return lines

@@ -5,8 +5,8 @@ What the script does on the cluster (docs/slurm.md)::
     #SBATCH lines            nodes = cluster.cells x cluster.nodes_per_cell, one task per node, GPUs, time, signal
     cd $SLURM_SUBMIT_DIR     the config path and relative output paths are relative to the submit directory
     RUN_DIR                  $GYRE_RUN_DIR (gyre submit sets it) or <run.out_dir>/<run.name>-<job id>
-    RANK_NODES               first node (allocator), then the first node of each cell: Layout.rank_nodes
-    srun ... &               ONE pmix world of 1 + K ranks (Layout.control_srun_args) running
+    RANK_NODES               first node (allocator), then every node once per worker (GPU): Layout.rank_nodes
+    srun ... &               ONE pmix world of 1 + K x W ranks, one per GPU (Layout.control_srun_args) running
                              `python -m gyre_hpc.cli train CONFIG --run-dir RUN_DIR "$@"`; no Ray, MPI is the
                              rendezvous; the script's arguments go to gyre train (``sbatch SCRIPT --set a.b=c``)
     trap SIG/TERM            the batch shell is the ranks' launcher (it exports GYRE_SBATCH_LAUNCHED): it writes
@@ -92,8 +92,8 @@ def _header(cfg: GyreConfig) -> list[str]:
         "# Rendered from the config by gyre_hpc.slurm.sbatch (gyre submit CONFIG --dry-run); edit the config's",
         "# slurm section and re-render rather than editing this file. Adapting it: docs/slurm.md.",
         "#",
-        "# Rank 0 (the allocator, CPU only) shares the first node with cell 0; rank k+1 leads cell k on the",
-        "# cell's first node. All 1 + K ranks form one MPI world over PMIx: no Ray, no head node.",
+        "# Rank 0 (the allocator, CPU only) shares the first node with cell 0; every GPU runs one worker, and",
+        "# each cell's worker 0 leads it. All ranks form one MPI world over PMIx: no Ray, no head node.",
     ]
 
 
@@ -149,12 +149,13 @@ def _launch(cfg: GyreConfig, layout, config_path: str, overrides: Sequence[str])
         "", "# --- run directory: gyre submit sets GYRE_RUN_DIR; a plain sbatch uses run.out_dir/run.name-JOBID",
         f'RUN_DIR="${{GYRE_RUN_DIR:-{run_dir}}}"', 'mkdir -p "$RUN_DIR"',
         "", f"# --- placement (gyre_hpc.slurm.layout): {c.cells} cells of {c.nodes_per_cell} node(s), in SLURM's "
-            "node order;", "# rank 0 on the first node, rank k+1 on the first node of cell k",
+            "node order;", f"# rank 0 (the allocator) on the first node, then {c.workers} worker(s) per node, one per "
+            "GPU: cell k's workers", f"# are ranks 1 + k x {c.workers_per_cell} .. and its worker 0 leads it",
         'mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
         f"if (( ${{#NODES[@]}} != {node_count(cfg)} )); then",
         f'  echo "gyre: the job has ${{#NODES[@]}} nodes, the layout needs {node_count(cfg)}" >&2; exit 2', "fi",
         'RANK_NODES="${NODES[0]}"',
-        f'for ((k = 0; k < {c.cells}; k++)); do RANK_NODES+=",${{NODES[k * {c.nodes_per_cell}]}}"; done',
+        f'for N in "${{NODES[@]}}"; do for ((w = 0; w < {c.workers}; w++)); do RANK_NODES+=",$N"; done; done',
         "", "# --- this shell is the ranks' launcher: a signal to it is a preemption (or a cancel), written to",
         f"#     $RUN_DIR/{REQUEST_FILE} BEFORE it is forwarded to the step; rank 0 takes a SIGTERM that comes without",
         "#     it for srun's teardown after a lost rank (gyre_hpc.live.lost.SrunTeardown)",
@@ -168,7 +169,8 @@ def _launch(cfg: GyreConfig, layout, config_path: str, overrides: Sequence[str])
         "trap 'CANCELLED=1; SIGNALLED=1; preempt_request TERM; kill -s TERM $STEP 2>/dev/null || true' TERM"]
         if sig != "TERM" else []) + [
         "while true; do",
-        f"# --- one srun: the allocator + {c.cells} cell leaders as one pmix world; a rank that dies ends the step",
+        f"# --- one srun: the allocator + {c.cells} cells x {c.workers_per_cell} workers = "
+        f"{1 + c.cells * c.workers_per_cell} ranks as one pmix world; a rank that dies ends the step",
         "#     (--kill-on-bad-exit) so a failure ends the job instead of hanging it; a request of an earlier step",
         "#     or job was served (one that came before this srun is kept: the ranks see it at start)",
         f'(( SIGNALLED )) || rm -f "$RUN_DIR/{REQUEST_FILE}"',

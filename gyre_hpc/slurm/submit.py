@@ -78,12 +78,12 @@ def override_list(overrides: Mapping[str, Any] | Sequence[str] | None, dotted: M
 def submit(config: str | Path | None, overrides: Mapping[str, Any] | Sequence[str] | None = None, *,
            executor: str = "auto", timeout_min: int | None = None, **dotted: Any) -> "RunHandle":
     """Submit a live training run of ``config`` (a YAML path; None = the defaults) with ``overrides``."""
-    from gyre_hpc.slurm.layout import check_live_run
+    from gyre_hpc.slurm.layout import preflight
     from gyre_hpc.slurm.submit_tasks import train_local
 
     sets = override_list(overrides, dotted)
     cfg = load_config(config, sets)
-    check_live_run(cfg)  # before any file is written
+    preflight(cfg)  # before any file is written
     kind = executor_kind(executor)
     run_dir = make_run_dir(cfg.run.out_dir, cfg.run.name).resolve()
     config_path = atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))

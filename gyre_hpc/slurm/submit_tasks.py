@@ -9,12 +9,12 @@
   are caught from the task's first line (``early_preemption``, before MPI_Init), with their meaning on
   submitit's tasks: SIGTERM, SIGUSR1, and submitit's time-limit signal (gyre_hpc.rank_signals).
 - ``train_local``: the local executor's job: ``gyre train``'s mpirun launcher (``gyre_hpc.live.launch``) with
-  1 + K ranks on this machine, then the summary.
+  1 + K x W ranks on this machine, then the summary.
 - ``simulate_element``: one ``gyre sweep --simulate`` element: ``compare`` on the element's config, one row.
 
 Invariants
 - A rank never runs its role in a world it does not expect: JobEnvironment's (global_rank, num_tasks) must equal
-  MPI's (rank, size) and num_tasks must be 1 + cluster.cells, else ``LayoutError`` saying how it was launched.
+  MPI's (rank, size) and num_tasks must be the layout's world (1 + cells x workers per cell), else ``LayoutError`` saying how it was launched.
 - The job reads the config the submitter validated (RUN_DIR/config.yaml, written before submission).
 """
 from __future__ import annotations
@@ -48,12 +48,13 @@ def _summary(run_dir: Path, how: str) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def check_world(job_rank: int, job_tasks: int, mpi_rank: int, mpi_size: int, cells: int) -> None:
-    """The rank submitit reports is the MPI rank, in a world of 1 + cells ranks."""
-    fix = "submit with gyre_hpc.submit (srun --mpi=pmix, one task per rank: gyre_hpc.slurm.jobspec)"
-    if job_tasks != 1 + cells:
-        raise LayoutError(f"the job has {job_tasks} tasks but 1 allocator + cluster.cells={cells} ranks are "
-                          f"needed; {fix}")
+def check_world(job_rank: int, job_tasks: int, mpi_rank: int, mpi_size: int, world_size: int) -> None:
+    """The rank submitit reports is the MPI rank, in a world of ``world_size`` ranks (``Layout.world_size``:
+    1 allocator + cells x workers per cell)."""
+    fix = "submit with gyre_hpc.submit (srun --mpi=pmix, one task per worker: gyre_hpc.slurm.jobspec)"
+    if job_tasks != world_size:
+        raise LayoutError(f"the job has {job_tasks} tasks but the layout needs {world_size} (1 allocator + "
+                          f"cluster.cells x workers per cell); {fix}")
     if (job_rank, job_tasks) != (mpi_rank, mpi_size):
         raise LayoutError(f"submitit says rank {job_rank} of {job_tasks} but MPI says rank {mpi_rank} of "
                           f"{mpi_size}: the tasks did not form one MPI world; {fix}")
@@ -68,14 +69,15 @@ def train_rank(config: str, run_dir: str, allow_preempted: bool = False) -> dict
 
     from gyre_hpc.slurm import env as slurm_env
     from gyre_hpc.live.rank import run_rank
-    from gyre_hpc.slurm.layout import plan_from_env
+    from gyre_hpc.slurm.layout import preflight
 
     cfg = load_config(config)
     job = submitit.JobEnvironment()
     world = MPI.COMM_WORLD
-    check_world(job.global_rank, job.num_tasks, world.Get_rank(), world.Get_size(), cfg.cluster.cells)
     env = slurm_env.from_environ()
-    plan_from_env(cfg.cluster, env).placement_from_env(env)  # on the node the layout gives this rank
+    layout = preflight(cfg, env.job_nodes, env.gpus_on_node)
+    check_world(job.global_rank, job.num_tasks, world.Get_rank(), world.Get_size(), layout.world_size)
+    layout.placement_from_env(env)  # on the node the layout gives this rank
     code = run_rank(cfg, _args(config, run_dir), preemption)
     if allow_preempted and code == PREEMPTED_EXIT:
         return Preempted(preemption.signal)
@@ -84,9 +86,10 @@ def train_rank(config: str, run_dir: str, allow_preempted: bool = False) -> dict
 
 def train_local(config: str, run_dir: str) -> dict[str, Any]:
     from gyre_hpc.live.launch import launch
+    from gyre_hpc.slurm.layout import preflight
 
     cfg = load_config(config)
-    code = launch(_args(config, run_dir), cfg.cluster.cells, Path(run_dir),
+    code = launch(_args(config, run_dir), preflight(cfg).world_size, Path(run_dir),
                   listen_interface=cfg.cluster.listen_interface)
     summary = _summary(Path(run_dir), f"mpirun exit {code}")
     if code != 0:

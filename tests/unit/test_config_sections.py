@@ -31,7 +31,7 @@ ROOT_OK = {
                                                 "_environment", "_launch", "_relaunch")),
     *(f"gyre_hpc/slurm/jobspec.py:{f}" for f in ("timeout_minutes", "_site", "setup_lines", "train_parameters",
                                                  "single_task_parameters")),
-    "gyre_hpc/slurm/layout.py:check_live_run",
+    "gyre_hpc/slurm/layout.py:preflight",
     # the simulator runs a whole config (scheduler, sim, workload, cluster) and its variations
     *(f"gyre_hpc/allocator/sim/compare.py:{f}" for f in ("validate_all", "queries_needed", "simulate_policy",
                                                          "compare")),
