@@ -70,11 +70,12 @@ class _RunOver(Exception):
 class CellRunner:
     def __init__(self, run_dir: Path, transport, comm, proxy_url: str, preemption: Preemption | None = None, *,
                  allocator: AllocatorConfig, engine: EngineConfig, model: ModelConfig, train: TrainConfig,
-                 transfer: TransferConfig, proxy: ProxyConfig, seed: int, batch_groups: int):
-        """Each side gets its own sections; ``batch_groups`` is ``scheduler.batch_groups`` (the core steps on it)."""
-        self.run_dir, self.comm = Path(run_dir), comm
+                 transfer: TransferConfig, proxy: ProxyConfig, seed: int, batch_groups: int, orders=None):
+        """Each side gets its own sections; ``batch_groups`` is ``scheduler.batch_groups`` (the core steps on it);
+        ``orders``: the cell's other workers (``gyre_hpc.live.workers.Orders``; None: a one-worker cell)."""
+        self.run_dir, self.comm, self.orders = Path(run_dir), comm, orders
         self.allocator, self.max_restarts, self.batch_groups = allocator, engine.max_restarts, batch_groups
-        self.training = dict(model=model, train=train, transfer=transfer, seed=seed)  # a trainer's sections
+        self.training = dict(model=model, train=train, transfer=transfer, seed=seed, orders=orders)  # a trainer's
         self.cell = transport.rank - 1
         self.link = CellLink(transport, self.cell, allocator.heartbeat_interval_s)
         self.is_core = self.cell == CORE
@@ -131,9 +132,9 @@ class CellRunner:
                 wait_until(lambda: False, 1.0, self.clock, poll_s=0.01, idle=self._drop_grads)  # one second of draining
             self.final_version = self.rollout.served_version()  # /model_info at the end (summary)
             self.rollout.close()
-            stats = self._stats()
             if self.trainer is not None:
                 self.trainer.close()
+            stats = self._stats(self.orders.stop() if self.orders is not None else [])
             self.pool.shutdown(wait=False)
         if not self.failed:  # a failed cell is LOST: the allocator expects nothing more from it
             self.link.bye()
@@ -320,6 +321,10 @@ class CellRunner:
         self.link.send(TrainProgress(cell=self.cell, version=tr.version, groups=tr.unreported, work_s=self.work_s))
         tr.unreported, self.work_s = 0, 0.0
 
+    def _served_workers(self, workers: int) -> int:
+        """Workers whose GPUs served rollouts: all of them once the cell's engine replicas started."""
+        return workers if self.rollout.starts or self.rollout.wakes else 0
+
     def _carry_stats(self) -> None:
         """A resumed run's cell continues the earlier segments' records (switches, pulls)."""
         from gyre_hpc import resume
@@ -328,7 +333,8 @@ class CellRunner:
         self.earlier = json.loads(path.read_text()) if resume.exists(self.run_dir) and path.is_file() else {}
         self.switches = list(self.earlier.get("switches", []))
 
-    def _stats(self) -> dict:
+    def _stats(self, reports: list) -> dict:
+        """The cell's record (RUN_DIR/cells/cellN.json); ``reports``: what each other worker did."""
         pulls = self.earlier.get("pulls", []) + getattr(self.trainer, "pulls", [])
         stats = {"cell": self.cell, "core": self.is_core, "switches": self.switches, "pulls": pulls,
                  "pull_retries": self.earlier.get("pull_retries", []) + getattr(self.trainer, "pull_retries", []),
@@ -340,6 +346,9 @@ class CellRunner:
                  "grads_dropped": self.trainer.ledger.dropped if self.is_core else [],
                  "grad_pulls": self.trainer.grad_pulls() if self.is_core else None,
                  "version": getattr(self.trainer, "version", None),
-                 "restored": getattr(self.trainer, "restored", None), "preempted": self.preempted}
+                 "restored": getattr(self.trainer, "restored", None), "preempted": self.preempted,
+                 "workers": 1 + len(reports), "workers_trained": (self.trainer is not None) + sum(
+                     r.trained for r in reports), "workers_served": self._served_workers(1 + len(reports)),
+                 "parallel": getattr(self.trainer, "parallel", None)}
         atomic_write_json(self.run_dir / "cells" / f"cell{self.cell}.json", stats)
         return stats

@@ -1,6 +1,6 @@
 """The data plane of a live run (edge: mpi4py): training groups out of rank 0, gradients into the core.
 
-It runs on its own duplicate of ``MPI.COMM_WORLD`` (``open_data_comm``, a collective call every rank makes
+It runs on its own duplicate of the control world (the allocator and the cells' leaders; ``open_data_comm``, a collective call every rank makes
 right after building its ``MpiTransport``), so nothing here can match a control message. Four tags::
 
     cell  ──WANT(cell, have_version)─────────────▶ rank 0 (the hub)
@@ -53,9 +53,10 @@ WANT, GROUP, GRADS, STEPPED = 11, 12, 13, 14
 HUB = 0
 
 
-def open_data_comm() -> Any:
-    """A private duplicate of COMM_WORLD for the data plane (collective: every rank calls it once, in order)."""
-    comm = MPI.COMM_WORLD.Dup()
+def open_data_comm(base: Any = None) -> Any:
+    """A private duplicate of ``base`` (the control world; default COMM_WORLD) for the data plane (collective:
+    every rank of it calls it once, in order)."""
+    comm = (MPI.COMM_WORLD if base is None else base).Dup()
     comm.Set_errhandler(MPI.ERRORS_RETURN)
     return comm
 

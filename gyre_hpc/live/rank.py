@@ -4,8 +4,10 @@
 
     gyre train CONFIG (mpirun, gyre_hpc.live.launch)  |  srun ... gyre train CONFIG  |  submitit (slurm.submit_tasks)
       └─ run_rank(cfg, args, preemption)
-           rank 0      allocator server + proxy + harness + data-plane hub   (gyre_hpc.live.root.run_root)
-           rank c + 1  the cell runner of cell c: engine ⇄ trainer              (gyre_hpc.live.cell_runner)
+           rank 0           allocator server + proxy + harness + data-plane hub   (gyre_hpc.live.root.run_root)
+           cell c worker 0  the cell runner of cell c: engines ⇄ trainer          (gyre_hpc.live.cell_runner)
+           cell c worker i  follows its leader's trainer calls                   (gyre_hpc.live.workers.follow)
+           the allocator and the leaders form the control world (ranks 0..K) on which everything below runs
 
 Invariants
 - The preemption signals are caught from the first moment (``early_preemption``, before the config, the heavy
@@ -101,19 +103,37 @@ def run_rank(cfg: GyreConfig, args: argparse.Namespace, preemption=None) -> int:
     from gyre_hpc.allocator.mpi_transport import MpiTransport
     from gyre_hpc.clock import WallClock
     from gyre_hpc.live.dataplane import open_data_comm
+    from gyre_hpc.live.workers import split_world
 
-    transport = MpiTransport(1 + cfg.cluster.cells, clock=WallClock(_last_event_t(cfg, run_dir)))
-    _traceback_on_signal(run_dir / "traces" / f"rank{transport.rank}.txt")
-    comm = open_data_comm()
+    worlds = split_world(cfg.cluster)  # collective over the whole world (every worker of every cell)
+    if not worlds.role.in_control:
+        return _follow(worlds, run_dir, preemption)
+    transport = MpiTransport(1 + cfg.cluster.cells, comm=worlds.control, clock=WallClock(_last_event_t(cfg, run_dir)))
+    _traceback_on_signal(run_dir / "traces" / f"rank{worlds.role.rank}.txt")
+    comm = open_data_comm(worlds.control)
     from gyre_hpc.live.secret import share_job_secret
 
-    with _abort_world_on_error(transport.rank, run_dir):
+    with _abort_world_on_error(worlds.role.rank, run_dir):
         share_job_secret(comm, run_dir)  # every listener of the job requires it (gyre_hpc/auth.py)
         cfg = _shared_initial_model(loaded, run_dir, comm, transport.rank)
         try:
-            return _role(cfg, args, run_dir, transport, comm, preemption)
+            return _role(cfg, args, run_dir, transport, comm, preemption, worlds)
         finally:
             preemption.ignore()  # a late signal must not kill this rank in MPI_Finalize (live/preempt.py)
+
+
+def _follow(worlds, run_dir: Path, preemption) -> int:
+    """A cell's worker other than its leader: the leader's trainer calls until it says stop (live/workers.py). A
+    preemption reaches the leader (the control world), which ends its cell in order and then stops its workers."""
+    from gyre_hpc.live.workers import follow
+
+    _traceback_on_signal(run_dir / "traces" / f"rank{worlds.role.rank}.txt")
+    with _abort_world_on_error(worlds.role.rank, run_dir):
+        try:
+            follow(worlds.cell)
+        finally:
+            preemption.ignore()
+    return 0
 
 
 def _shared_initial_model(cfg: GyreConfig, run_dir: Path, comm, rank: int):
@@ -182,7 +202,7 @@ def record_error(run_dir: Path, rank: int | str, exc: BaseException) -> None:
         (run_dir / "errors" / f"rank{rank}.txt").write_text(f"{type(exc).__name__}: {exc}\n")
 
 
-def _role(cfg: GyreConfig, args: argparse.Namespace, run_dir: Path, transport, comm, preemption) -> int:
+def _role(cfg: GyreConfig, args: argparse.Namespace, run_dir: Path, transport, comm, preemption, worlds) -> int:
     if transport.rank == 0:
         from gyre_hpc.live import lost
         from gyre_hpc.live.root import run_root
@@ -203,11 +223,14 @@ def _role(cfg: GyreConfig, args: argparse.Namespace, run_dir: Path, transport, c
             return 1
     else:
         from gyre_hpc.live.cell_runner import CellRunner
+        from gyre_hpc.live.workers import Orders
 
         proxy_url = comm.bcast(None, root=0)
+        orders = Orders(worlds.cell, cfg.cluster, worlds.hosts) if worlds.size > 1 else None
         runner = CellRunner(run_dir, transport, comm, proxy_url, preemption, allocator=cfg.allocator,
                             engine=cfg.engine, model=cfg.model, train=cfg.train, transfer=cfg.transfer,
-                            proxy=cfg.proxy, seed=cfg.run.seed, batch_groups=cfg.scheduler.batch_groups)
+                            proxy=cfg.proxy, seed=cfg.run.seed, batch_groups=cfg.scheduler.batch_groups,
+                            orders=orders)
         runner.run()
         preempted = runner.preempted
     return PREEMPTED_EXIT if preempted else 0

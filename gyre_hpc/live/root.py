@@ -387,6 +387,8 @@ def _summary(cfg: GyreConfig, run_dir: Path, stop: dict, steps: list[dict], roll
                                "engine_wake")},
         "queries_reissued": carry.get("queries_reissued", 0),
         "queries_dropped_at_preempt": carry.get("queries_dropped_at_preempt", 0),
+        "workers": sum(max(c.get("workers_trained", 0), c.get("workers_served", 0)) for c in cells),  # that worked
+        "parallel": next((s["parallel"] for s in reversed(steps) if s.get("parallel")), None),  # the last step's
         "build_errors": rollouts.errors, "stop": stop, "run_dir": str(run_dir),
         **({"error": stop["reason"][len("error: "):]} if stop["reason"].startswith("error: data loss") else {}),
     }

@@ -57,6 +57,7 @@ import torch
 
 from gyre_hpc.live import dataplane as dp
 from gyre_hpc.live import store
+from gyre_hpc.live.workers import Orders, build_trainer
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.config import ModelConfig, TrainConfig, TransferConfig
 from gyre_hpc.errors import TransferError
@@ -66,14 +67,12 @@ from gyre_hpc.transfer.gradients import GradientReceiver, GradientSender
 
 class _Side:
     def __init__(self, model: ModelConfig, train: TrainConfig, transfer: TransferConfig, seed: int,
-                 clock: Clock | None = None):
-        from gyre_hpc.train.model import init_parallel
-        from gyre_hpc.train.step import Trainer
-
-        init_parallel(seed=seed)
+                 clock: Clock | None = None, orders: Orders | None = None):
+        """``orders``: the cell's other workers (gyre_hpc.live.workers), None or one worker: this process alone."""
         self.train, self.transfer = train, transfer
         self.clock = clock or WallClock()  # step timings, the satellite's wait for a published version
-        self.trainer = Trainer(model, train, seed, clock=self.clock)
+        self.trainer = build_trainer(model, train, seed, self.clock, orders)
+        self.parallel = parallel_sizes()
 
     def grads(self, group: dp.Group, trainer_old: np.ndarray | None = None) -> tuple[float, dict, float, dict]:
         """(Z, gradients normalised by Z, loss, extra) of one group; Z = 0 when nothing of it trains. ``extra``
@@ -82,7 +81,7 @@ class _Side:
         if group.batch is None or group.trained_tokens == 0:
             return 0.0, {}, 0.0, agreement.empty()
         t0, z = self.clock.now(), float(group.batch.loss_mask.sum())
-        metrics, grads, mine = self.trainer.group_grads(group.batch, trainer_old)
+        metrics, grads, mine = self.trainer.group_grads_full(group.batch, trainer_old)
         if (rest := self.train.device_token_s * z - (self.clock.now() - t0)) > 0:  # emulated device: time only
             self.clock.sleep(rest)
         extra = {**{k: metrics[k] for k in agreement.KEYS}, "trainer_logprob": mine} if trainer_old is None else {}
@@ -91,10 +90,10 @@ class _Side:
 
 class CoreTrainer(_Side):
     def __init__(self, run_dir: Path, *, model: ModelConfig, train: TrainConfig, transfer: TransferConfig, seed: int,
-                 clock: Clock | None = None):
+                 clock: Clock | None = None, orders: Orders | None = None):
         from gyre_hpc.transfer import make_publisher
 
-        super().__init__(model, train, transfer, seed, clock)
+        super().__init__(model, train, transfer, seed, clock, orders)
         self.run_dir = run_dir
         self.restored = self._restore()
         self.publisher = make_publisher(transfer)
@@ -174,15 +173,9 @@ class CoreTrainer(_Side):
         self.loss_sum += z * loss
 
     def _update(self) -> tuple[float, float | None]:
-        """One AdamW update with the summed gradients; returns (grad norm before clipping, token-mean loss)."""
-        tr = self.trainer
-        tr.optimizer.zero_grad(set_to_none=True)
-        for name, p in tr.model.named_parameters():
-            if name in self.acc:
-                p.grad = torch.from_numpy(self.acc[name] / self.z).to(p.dtype)
-        norm = tr.clip_grads() if self.acc else 0.0
-        tr.optimizer.step()
-        tr.optimizer.zero_grad(set_to_none=True)
+        """One AdamW update with the summed gradients (on every worker of the cell, each its shards); returns
+        (grad norm before clipping, token-mean loss)."""
+        norm = self.trainer.apply_grads({name: g / self.z for name, g in self.acc.items()})
         return norm, (self.loss_sum / self.z if self.z else None)
 
     def step(self) -> dict:
@@ -204,7 +197,7 @@ class CoreTrainer(_Side):
                "epochs": len(losses), "loss_last_epoch": losses[-1], "grad_norm": norm,
                "epoch_gids": sorted(g.gid for g in self.kept) if len(losses) > 1 else [],
                **dp.lag_record(self.lag), **agreement.combine(self.agree), "optimizer_s": t1 - t0, "gids": gids,
-               **pub}
+               "parallel": self.parallel, **pub}
         self.reset_step()
         return rec
 
@@ -227,6 +220,14 @@ class CoreTrainer(_Side):
         self.publisher.close()
 
 
+def parallel_sizes() -> dict:
+    """``{"tp", "pp", "dp"}`` of this process's training world (megatron's groups)."""
+    from megatron.core import parallel_state as ps
+
+    return {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
+            "dp": ps.get_data_parallel_world_size()}
+
+
 def is_checksum_error(exc: Exception) -> bool:
     """A pull refused because its bytes do not match the manifest (``BufferPuller._verify``)."""
     return str(exc).startswith("checksum mismatch")
@@ -234,15 +235,14 @@ def is_checksum_error(exc: Exception) -> bool:
 
 class SatelliteTrainer(_Side):
     def __init__(self, run_dir: Path, *, model: ModelConfig, train: TrainConfig, transfer: TransferConfig, seed: int,
-                 slots: int, clock: Clock | None = None):
+                 slots: int, clock: Clock | None = None, orders: Orders | None = None):
         """``slots``: gradient segments in the satellite's buffer (``scheduler.batch_groups``)."""
         from gyre_hpc.transfer import make_puller
 
-        super().__init__(model, train, transfer, seed, clock)
+        super().__init__(model, train, transfer, seed, clock, orders)
         self.run_dir = run_dir
         self.puller = make_puller(transfer)
-        shapes = {n: tuple(p.shape) for n, p in self.trainer.model.named_parameters()}
-        self.sender = GradientSender(transfer, shapes, slots=slots)
+        self.sender = GradientSender(transfer, self.trainer.full_shapes(), slots=slots)  # whole-model gradients
         self.version = -1
         self.pulls: list[dict] = []
         self.pull_retries: list[dict] = []  # pulls retried after a checksum mismatch
@@ -270,7 +270,7 @@ class SatelliteTrainer(_Side):
                         raise
                     continue  # the core published a newer version meanwhile: read LATEST again
                 state = {k: torch.from_numpy(np.array(a)) for k, a in arrays.items()}
-                self.trainer.model.load_state_dict(state, strict=False)
+                self.trainer.load_weights(state)  # every worker of the cell takes its shards
                 self.version = self.trainer.version = want
                 rec = {"version": want, "bytes": stats.bytes, "seconds": stats.seconds,
                        "gb_per_s": stats.gb_per_s, "checksum_ok": stats.checksum_ok, "backend": stats.backend}

@@ -124,14 +124,19 @@ def _read_rank(path: Path, rank: int) -> dict:
 
 def gather_full(model: torch.nn.Module, swiglu: bool) -> dict[str, torch.Tensor]:
     """Flat ``{name: full CPU tensor}`` of every tensor entry of ``model.state_dict()`` (collective under TP)."""
+    state = {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    return gather_tensors(model, state, swiglu)
+
+
+def gather_tensors(model: torch.nn.Module, tensors: dict[str, torch.Tensor], swiglu: bool) -> dict[str, torch.Tensor]:
+    """``tensors`` (named like ``model``'s parameters: the values, or their gradients) as the single-rank model would
+    hold them: tensor-parallel shards gathered along ``partition_dim`` (collective under TP), on the CPU."""
     from megatron.core import parallel_state as ps
 
-    tp = ps.get_tensor_model_parallel_world_size()
+    tp = ps.get_tensor_model_parallel_world_size() if ps.model_parallel_is_initialized() else 1
     params = dict(model.named_parameters())
     out = {}
-    for name, value in model.state_dict().items():
-        if not isinstance(value, torch.Tensor):
-            continue
+    for name, value in tensors.items():
         p = params.get(name)
         if tp > 1 and p is not None and getattr(p, "tensor_model_parallel", False):
             shards = [torch.empty_like(value) for _ in range(tp)]
@@ -142,3 +147,28 @@ def gather_full(model: torch.nn.Module, swiglu: bool) -> dict[str, torch.Tensor]
             value = torch.cat(shards, dim=p.partition_dim)
         out[name] = value.detach().to("cpu", copy=True)
     return out
+
+
+def local_shard(param: torch.Tensor, name: str, full: torch.Tensor, swiglu: bool) -> torch.Tensor:
+    """This tensor-parallel rank's part of ``full`` (a tensor as the single-rank model holds it) for ``param``:
+    the inverse of ``gather_tensors`` (SwiGLU ``linear_fc1``: [gate_r; up_r])."""
+    from megatron.core import parallel_state as ps
+
+    tp = ps.get_tensor_model_parallel_world_size() if ps.model_parallel_is_initialized() else 1
+    if tp == 1 or not getattr(param, "tensor_model_parallel", False):
+        return full
+    r, dim = ps.get_tensor_model_parallel_rank(), param.partition_dim
+    if swiglu and name.endswith("mlp.linear_fc1.weight"):
+        gate, up = full.chunk(2, dim=0)
+        return torch.cat([gate.chunk(tp, dim=0)[r], up.chunk(tp, dim=0)[r]], dim=0)
+    return full.chunk(tp, dim=dim)[r]
+
+
+def full_shape(param: torch.Tensor) -> tuple[int, ...]:
+    """The shape the single-rank model gives ``param`` (its tensor-parallel partition dimension times TP)."""
+    from megatron.core import parallel_state as ps
+
+    shape = list(param.shape)
+    if getattr(param, "tensor_model_parallel", False) and ps.model_parallel_is_initialized():
+        shape[param.partition_dim] *= ps.get_tensor_model_parallel_world_size()
+    return tuple(shape)

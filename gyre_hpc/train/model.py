@@ -24,13 +24,17 @@ from gyre_hpc.train import cpu_compat
 
 
 def init_parallel(
-    world_size: int = 1, rank: int = 0, tensor_parallel: int = 1, master_port: int | None = None, seed: int = 0
+    world_size: int = 1, rank: int = 0, tensor_parallel: int = 1, master_port: int | None = None, seed: int = 0,
+    master_addr: str = "127.0.0.1",
 ) -> None:
-    """Join a ``world_size`` process group over 127.0.0.1 and build megatron's groups (TP ``tensor_parallel``)."""
+    """Join a ``world_size`` process group met at ``master_addr:master_port`` and build megatron's groups (TP
+    ``tensor_parallel``; data parallel: the rest)."""
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     cpu_compat.apply()
+    # megatron's tensor-parallel gathers call a torch API that warns on every call (nothing for us to act on)
+    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.*is deprecated", category=FutureWarning)
     if ps.model_parallel_is_initialized():
         have = (dist.get_world_size(), ps.get_tensor_model_parallel_world_size())
         if have != (world_size, tensor_parallel):
@@ -44,7 +48,7 @@ def init_parallel(
             # a one-process world needs no rendezvous: an in-memory store binds no port (no EADDRINUSE races)
             dist.init_process_group(backend, store=dist.HashStore(), world_size=1, rank=0)
         else:
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ["MASTER_ADDR"] = master_addr
             if master_port is not None:
                 os.environ["MASTER_PORT"] = str(master_port)
             dist.init_process_group(backend, world_size=world_size, rank=rank)

@@ -57,6 +57,15 @@ def split_rows(batch: PackedBatch, parts: int) -> list[PackedBatch]:
     ]
 
 
+def _data_parallel() -> tuple[int, int, object]:
+    """(this replica's rank, replicas, their group): megatron's data-parallel group, or one replica."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized() or ps.get_data_parallel_world_size() == 1:
+        return 0, 1, None
+    return ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), ps.get_data_parallel_group()
+
+
 class Trainer:
     """A megatron ``GPTModel`` with an AdamW optimizer that trains on ``PackedBatch`` objects."""
 
@@ -102,7 +111,9 @@ class Trainer:
         Z = float(batch.loss_mask.sum())
         ref = None if trainer_old is None else torch.from_numpy(np.asarray(trainer_old, np.float32).reshape(-1))
         loss_sum, kept = 0.0, []
-        for part, origin in layout(batch, self.cfg.split_trees, self.cfg.micro_batch_tokens):
+        dp_rank, dp, dp_group = _data_parallel()
+        parts = list(layout(batch, self.cfg.split_trees, self.cfg.micro_batch_tokens))
+        for part, origin in parts[dp_rank::dp]:  # data parallel: each replica its share of the micro-batches
             if part.trained_tokens == 0:
                 continue
             m = to_tensors(part, self.device)
@@ -118,6 +129,8 @@ class Trainer:
             loss.backward()
             loss_sum += float(loss.detach())
             kept.append((logp.detach(), entropy, weight, old, engine, m["version"][r, c], at, tis))
+        if dp > 1:
+            loss_sum, kept = self._reduce_replicas(loss_sum, kept, dp, dp_group)
         cols = list(zip(*kept))
         logp, entropy, weight, old, engine, gen, at = (torch.cat(x) for x in cols[:7])
         stats = ppo_stats(logp, old, weight, self.cfg.clip_eps) if self.cfg.loss == "ppo" else {}
@@ -138,6 +151,19 @@ class Trainer:
             **stats,
         }, mine.reshape(batch.shape)
 
+    def _reduce_replicas(self, loss_sum: float, kept: list, dp: int, group) -> tuple[float, list]:
+        """Data parallel: sum the replicas' gradients (each already normalised by the whole batch's trained
+        tokens, so the sum is the batch's gradient) and gather every replica's per-token records, so that every
+        replica returns the metrics and logprobs of the whole batch."""
+        for p in self.params:  # every replica, the same parameters in the same order (zeros where it had none)
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad, group=group)
+        mine = (loss_sum, [tuple(None if t is None else t.cpu() for t in k) for k in kept])
+        gathered: list = [None] * dp
+        dist.all_gather_object(gathered, mine, group=group)
+        return sum(g[0] for g in gathered), [k for g in gathered for k in g[1]]
+
     def loss_and_grads(self, batch: PackedBatch) -> tuple[float, dict[str, torch.Tensor]]:
         """The step's loss and a copy of every parameter gradient (no optimizer step)."""
         metrics, grads, _ = self.group_grads(batch)
@@ -151,6 +177,41 @@ class Trainer:
         grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
         self.optimizer.zero_grad(set_to_none=True)
         return metrics, grads, mine
+
+    # ------------------------------------------------ the whole model's view (what a cell's leader exchanges)
+    def group_grads_full(self, batch: PackedBatch, trainer_old: np.ndarray | None = None
+                         ) -> tuple[dict, dict[str, torch.Tensor], np.ndarray]:
+        """``group_grads`` with every gradient as the single-rank model would hold it (tensor-parallel shards
+        gathered; data-parallel replicas summed): what goes into the core's sum, wherever the group ran."""
+        metrics, grads, mine = self.group_grads(batch, trainer_old)
+        return metrics, checkpoint.gather_tensors(self.model, grads, self.model_cfg.swiglu), mine
+
+    def apply_grads(self, full: dict[str, np.ndarray]) -> float:
+        """One AdamW update with ``full`` (name -> whole-model gradient) as the gradients, clipped to
+        ``train.grad_clip``; returns the norm before clipping (0 when ``full`` is empty)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        for name, p in self.model.named_parameters():
+            if name in full:
+                g = checkpoint.local_shard(p, name, torch.from_numpy(np.asarray(full[name])), self.model_cfg.swiglu)
+                p.grad = g.to(p.dtype).contiguous()
+        norm = self.clip_grads() if full else 0.0
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def load_weights(self, full: dict[str, torch.Tensor]) -> None:
+        """Load whole-model tensors (``export_weights``'s form: another cell's, any layout) into this rank's shards."""
+        params = dict(self.model.named_parameters())
+        state = {k: checkpoint.local_shard(params[k], k, v, self.model_cfg.swiglu) if k in params else v
+                 for k, v in full.items()}
+        self.model.load_state_dict(state, strict=False)
+
+    def full_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Each parameter's shape in the single-rank model (the form of ``group_grads_full``'s gradients)."""
+        return {n: checkpoint.full_shape(p) for n, p in self.model.named_parameters()}
+
+    def set_version(self, version: int) -> None:
+        self.version = int(version)
 
     # -------------------------------------------------------------------------------------------- steps
     def _grad_norm(self) -> float:
