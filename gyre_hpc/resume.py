@@ -22,7 +22,8 @@ Invariants (tests/unit/test_resume_state.py)
   is a ``CheckpointError`` naming the file and the key.
 - ``config_changes`` names every dotted key whose value differs between the run's config.yaml and the config
   of the resuming run, except the keys that may change across segments (``may_change``: the step count, the run
-  directory's name, the relaunch budget, timeouts, retries and the sbatch section); a resume refuses any other
+  directory's name, the relaunch budget, timeouts, retries, the sbatch section and the cells' inner layout:
+  workers and tensor parallelism); a resume refuses any other
   difference. A key the saved config lacks (a gyre older than the key wrote it) is no difference while the
   resuming run keeps the key's default (``defaults``): a new key's default is the behaviour before it.
 - ``save_empty`` writes a state of version 0 with no checkpoint (a preemption before any rank started); ``load``
@@ -61,7 +62,9 @@ RANK_FILES = ("rank{rank:03d}.safetensors", "rank{rank:03d}.state.pt")
 #: config keys a resumed run may change: how many steps, where the run directory is, how long to wait, how the
 #: job is submitted. Everything else (model, optimizer, cells, policy, workload, seed) must stay what it was.
 MAY_CHANGE = ("allocator.steps", "allocator.preempt_inflight", "run.name", "run.out_dir", "run.max_relaunches",
-              "run.resume_every_steps", "slurm.")
+              "run.resume_every_steps", "slurm.",
+              # the cells' inner layout: a checkpoint is re-cut for another one (train.checkpoint.load_resharded)
+              "cluster.tensor_parallel", "cluster.workers_per_node", "cluster.nodes_per_cell", "cluster.gpus_per_node")
 MAY_CHANGE_SUFFIXES = ("timeout_s", "retries")
 
 

@@ -3,8 +3,8 @@
 # Rendered from the config by gyre_hpc.slurm.sbatch (gyre submit CONFIG --dry-run); edit the config's
 # slurm section and re-render rather than editing this file. Adapting it: docs/slurm.md.
 #
-# Rank 0 (the allocator, CPU only) shares the first node with cell 0; rank k+1 leads cell k on the
-# cell's first node. All 1 + K ranks form one MPI world over PMIx: no Ray, no head node.
+# Rank 0 (the allocator, CPU only) shares the first node with cell 0; every GPU runs one worker, and
+# each cell's worker 0 leads it. All ranks form one MPI world over PMIx: no Ray, no head node.
 
 # --- resources: every node of every cell, one task per node (the allocator overlaps node 1)
 #SBATCH --job-name=gyre_2p4t
@@ -34,13 +34,14 @@ RUN_DIR="${GYRE_RUN_DIR:-runs/gyre_2p4t-$SLURM_JOB_ID}"
 mkdir -p "$RUN_DIR"
 
 # --- placement (gyre_hpc.slurm.layout): 4 cells of 48 node(s), in SLURM's node order;
-# rank 0 on the first node, rank k+1 on the first node of cell k
+# rank 0 (the allocator) on the first node, then 8 worker(s) per node, one per GPU: cell k's workers
+# are ranks 1 + k x 384 .. and its worker 0 leads it
 mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 if (( ${#NODES[@]} != 192 )); then
   echo "gyre: the job has ${#NODES[@]} nodes, the layout needs 192" >&2; exit 2
 fi
 RANK_NODES="${NODES[0]}"
-for ((k = 0; k < 4; k++)); do RANK_NODES+=",${NODES[k * 48]}"; done
+for N in "${NODES[@]}"; do for ((w = 0; w < 8; w++)); do RANK_NODES+=",$N"; done; done
 
 # --- this shell is the ranks' launcher: a signal to it is a preemption (or a cancel), written to
 #     $RUN_DIR/preempt.request BEFORE it is forwarded to the step; rank 0 takes a SIGTERM that comes without
@@ -52,12 +53,12 @@ trap 'SIGNALLED=1; preempt_request USR1; kill -s USR1 $STEP 2>/dev/null || true'
 # SIGTERM to this shell: scancel JOBID (a cancel), or SLURM preempting/requeueing the job itself
 trap 'CANCELLED=1; SIGNALLED=1; preempt_request TERM; kill -s TERM $STEP 2>/dev/null || true' TERM
 while true; do
-# --- one srun: the allocator + 4 cell leaders as one pmix world; a rank that dies ends the step
+# --- one srun: the allocator + 4 cells x 384 workers = 1537 ranks as one pmix world; a rank that dies ends the step
 #     (--kill-on-bad-exit) so a failure ends the job instead of hanging it; a request of an earlier step
 #     or job was served (one that came before this srun is kept: the ranks see it at start)
 (( SIGNALLED )) || rm -f "$RUN_DIR/preempt.request"
 touch "$RUN_DIR/.step-start"
-srun --ntasks=5 --distribution=arbitrary --nodelist="$RANK_NODES" --overlap --overcommit --mpi=pmix --kill-on-bad-exit=1 \
+srun --ntasks=1537 --distribution=arbitrary --nodelist="$RANK_NODES" --overlap --overcommit --mpi=pmix --kill-on-bad-exit=1 \
   python3 -m gyre_hpc.cli train configs/gyre_2p4t.yaml --run-dir "$RUN_DIR" "$@" &
 STEP=$!
 # wait returns early when a trapped signal arrives: keep waiting until the step has ended

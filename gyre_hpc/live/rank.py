@@ -78,8 +78,8 @@ def check_resume_config(cfg: GyreConfig, run_dir: Path) -> None:
     if changes:
         listed = "; ".join(f"{k}: {old!r} there, {new!r} now" for k, (old, new) in changes.items())
         raise ConfigError(f"{path}: resuming this run with a different config ({listed}); resume with the run's "
-                          f"config and --set options (only allocator.steps, run.name/out_dir, timeouts, retries "
-                          f"and slurm.* may change)")
+                          f"config and --set options (only allocator.steps, run.name/out_dir, timeouts, retries, "
+                          f"slurm.* and the cells' workers and tensor_parallel may change)")
 
 
 def run_rank(cfg: GyreConfig, args: argparse.Namespace, preemption=None) -> int:

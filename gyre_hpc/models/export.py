@@ -15,7 +15,7 @@ Invariants
 - config.json's ``dtype`` names the dtype of the tensors written (the trainer's float32, whatever the source).
 - The output directory appears whole or not at all (``hf_io.write_model_dir``); an existing one is replaced only
   with ``overwrite``.
-- Tensor-parallel shards merge along the dimension megatron split them (``TP_DIM``), SwiGLU ``linear_fc1`` as
+- Tensor-parallel shards merge along the dimension megatron split them (``checkpoint.TP_DIM``), SwiGLU ``linear_fc1`` as
   [gate_0..gate_n; up_0..up_n], so a TP=n checkpoint exports the same tensors as the TP=1 model would.
 """
 from __future__ import annotations
@@ -29,11 +29,7 @@ from gyre_hpc.config import GyreConfig, ModelConfig, build, read_yaml
 from gyre_hpc.errors import CheckpointError, UnsupportedModelError
 from gyre_hpc import hf_config
 from gyre_hpc.train import hf_io, hf_weights as weights
-
-#: megatron name suffix → the dimension tensor parallelism splits (the local spec's parallel layers)
-TP_DIM = {"word_embeddings.weight": 0, "output_layer.weight": 0, "linear_qkv.weight": 0, "linear_qkv.bias": 0,
-          "linear_fc1.weight": 0, "linear_proj.weight": 1, "linear_fc2.weight": 1}
-
+from gyre_hpc.train.checkpoint import merge_tp
 
 def _run_config(start: Path) -> tuple[Path, ModelConfig]:
     """The run directory at or above ``start`` (it holds config.yaml) and its model config."""
@@ -41,24 +37,6 @@ def _run_config(start: Path) -> tuple[Path, ModelConfig]:
         if (d / "config.yaml").is_file():
             return d, build(GyreConfig, read_yaml(d / "config.yaml")).model
     raise CheckpointError(f"{start}: no config.yaml in it or its parents; export needs the run's model config")
-
-
-def merge_tp(ranks: list[dict[str, torch.Tensor]], swiglu: bool) -> dict[str, torch.Tensor]:
-    """Full tensors from the per-rank state dicts of one tensor-parallel group (rank order)."""
-    out = {}
-    for name, first in ranks[0].items():
-        if not isinstance(first, torch.Tensor):
-            continue
-        dim = next((d for suffix, d in TP_DIM.items() if name.endswith(suffix)), None)
-        if dim is None or len(ranks) == 1:
-            out[name] = first
-            continue
-        shards = [r[name] for r in ranks]
-        if swiglu and name.endswith("mlp.linear_fc1.weight"):
-            halves = [s.chunk(2, dim=0) for s in shards]
-            shards = [h[0] for h in halves] + [h[1] for h in halves]
-        out[name] = torch.cat(shards, dim=dim)
-    return out
 
 
 def read_checkpoint(path: Path, swiglu: bool) -> dict[str, torch.Tensor]:

@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from gyre_hpc.config import ClusterConfig, GyreConfig
+from gyre_hpc.config import ClusterConfig, EngineConfig, GyreConfig, ModelConfig
 from gyre_hpc.errors import LayoutError
 from gyre_hpc.slurm.env import SlurmEnv
 
@@ -243,14 +243,13 @@ def preflight(cfg: GyreConfig, nodes: Sequence[str] | None = None, gpus_on_node:
 
     validate(cfg.scheduler.policy, cfg.scheduler, cfg.cluster.cells)
     layout = plan(cfg.cluster, local_nodes(cfg.cluster) if nodes is None else nodes, gpus_on_node)
-    for problem in geometry_problems(cfg):
+    for problem in geometry_problems(cfg.cluster, cfg.model, cfg.engine):
         raise LayoutError(problem)
     return layout
 
 
-def geometry_problems(cfg: GyreConfig) -> list[str]:
+def geometry_problems(c: ClusterConfig, m: ModelConfig, e: EngineConfig) -> list[str]:
     """What in the parallel layout the model or the engines cannot take, one line each (empty: it fits)."""
-    c, m, e = cfg.cluster, cfg.model, cfg.engine
     tp, pp = c.tensor_parallel, c.pipeline_parallel
     out = [f"cluster.tensor_parallel={tp} does not divide model.{key}={getattr(m, key)}: every tensor-parallel "
            f"rank holds whole {what}; use a divisor of {getattr(m, key)}"

@@ -73,6 +73,56 @@ def load(path: str | Path) -> tuple[dict, dict]:
     return _read_rank(path, rank), meta
 
 
+#: megatron name suffix -> the dimension tensor parallelism splits (the local spec's parallel layers)
+TP_DIM = {"word_embeddings.weight": 0, "output_layer.weight": 0, "linear_qkv.weight": 0, "linear_qkv.bias": 0,
+          "linear_fc1.weight": 0, "linear_proj.weight": 1, "linear_fc2.weight": 1}
+
+
+def merge_shards(name: str, shards: list[torch.Tensor], swiglu: bool) -> torch.Tensor:
+    """One tensor of the single-rank model from its tensor-parallel shards (rank order; ``TP_DIM``)."""
+    dim = next((d for suffix, d in TP_DIM.items() if name.endswith(suffix)), None)
+    if dim is None or len(shards) == 1:
+        return shards[0]
+    if swiglu and name.endswith("mlp.linear_fc1.weight"):
+        halves = [s.chunk(2, dim=0) for s in shards]
+        shards = [h[0] for h in halves] + [h[1] for h in halves]
+    return torch.cat(shards, dim=dim)
+
+
+def merge_tp(ranks: list[dict[str, torch.Tensor]], swiglu: bool) -> dict[str, torch.Tensor]:
+    """Full tensors from the per-rank state dicts of one tensor-parallel group (rank order)."""
+    return {name: merge_shards(name, [r[name] for r in ranks], swiglu)
+            for name, first in ranks[0].items() if isinstance(first, torch.Tensor)}
+
+
+def load_resharded(path: str | Path, model: torch.nn.Module, swiglu: bool) -> dict:
+    """This rank's ``Trainer.state_dict()`` from a checkpoint written under another layout (another tensor-parallel
+    size or number of workers): the first tensor-parallel group's files are merged into the single-rank model's
+    tensors (model and optimizer moments alike), then cut into this rank's shards (``local_shard``)."""
+    path = Path(path)
+    meta = json.loads((path / "meta.json").read_text())
+    saved = [_read_rank(path, r) for r in range(int(meta.get("tensor_parallel", 1)))]
+    params = dict(model.named_parameters())
+    names = [n for n, p in params.items() if p.requires_grad]  # the optimizer's parameter order
+    full = merge_tp([s["model"] for s in saved], swiglu)
+    weights = {k: local_shard(params[k], k, v, swiglu) if k in params else v for k, v in full.items()}
+    extra = {k: v for k, v in saved[0]["model"].items() if not isinstance(v, torch.Tensor)}
+    opt = saved[0]["optimizer"]
+    moments = {i: {k: (v if k == "step" else local_shard(params[names[i]], names[i], merge_shards(
+        names[i], [s["optimizer"]["state"][i][k] for s in saved], swiglu), swiglu)) for k, v in st.items()}
+        for i, st in opt["state"].items()}
+    return {**{k: v for k, v in saved[0].items() if k not in ("model", "optimizer")},
+            "model": {**weights, **extra}, "optimizer": {**opt, "state": moments}}
+
+
+def layout_of(path: str | Path) -> tuple[int, int]:
+    """(world size, tensor-parallel size) a checkpoint was written with."""
+    if not (Path(path) / "meta.json").is_file():
+        raise CheckpointError(f"{path}: not a checkpoint directory (no meta.json)")
+    meta = json.loads((Path(path) / "meta.json").read_text())
+    return int(meta.get("world_size", 1)), int(meta.get("tensor_parallel", 1))
+
+
 def rank_files(path: str | Path, rank: int) -> list[Path]:
     """The files of rank ``rank`` in the checkpoint directory ``path`` (what a resume needs of it)."""
     from gyre_hpc.resume import RANK_FILES

@@ -273,5 +273,13 @@ class Trainer:
         return checkpoint.save(path, self.state_dict(), meta)
 
     def load_checkpoint(self, path: str | Path) -> None:
+        """Model, optimizer and version from ``path``; one written under another layout (tensor-parallel size,
+        workers) is merged and re-cut into this rank's shards (``checkpoint.load_resharded``)."""
+        from megatron.core import parallel_state as ps
+
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if checkpoint.layout_of(path) != (world, ps.get_tensor_model_parallel_world_size()):
+            self.load_state_dict(checkpoint.load_resharded(path, self.model, self.model_cfg.swiglu))
+            return
         state, _ = checkpoint.load(path)
         self.load_state_dict(state)

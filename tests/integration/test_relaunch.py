@@ -60,6 +60,32 @@ def test_sigkill_of_a_cell_rank_mid_run_is_relaunched_and_the_run_finishes_with_
     assert_none_left(pids)
 
 
+def test_sigkill_of_a_worker_of_the_core_cell_is_a_lost_cell_rank_relaunched_like_any_other(mpirun, tmp_path):
+    """Cells of two workers (world 1 + 2 x 2): the core's worker 1 (world rank 2, no leader) dies mid-run; its
+    leader is in the cell's gloo world, the allocator never talked to it: the run relaunches all the same."""
+    steps = 2 * STEPS
+    proc = gyre_train(tmp_path, "worker", "--set", f"allocator.steps={steps}", "--set", "cluster.workers_per_node=2")
+    pids: set[int] = set()
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:  # until the first step is done
+        pids |= processes_of(proc)
+        metrics = list(tmp_path.glob("*/metrics.jsonl"))
+        if metrics and metrics[0].read_text().splitlines():
+            break
+        time.sleep(0.2)
+    victim = cell_rank(proc, 2)  # world rank 2 = cell 0's worker 1: the core's second data-parallel replica
+    pids |= processes_of(proc)
+    code, stdout, stderr = kill_and_finish(proc, victim, pids)
+    assert code == 0, stderr[-4000:]
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["steps"] == steps and summary["runs_lost"] == 0
+    assert summary["relaunches"] == 1 and summary["parallel"] == {"tp": 1, "pp": 1, "dp": 2}
+    (run_dir,) = tmp_path.glob("worker-*")
+    kinds = [e["event"] for e in assert_one_time_line(run_dir)]
+    assert kinds.index("rank_lost") < kinds.index("relaunched") < kinds.index("resumed")
+    assert_none_left(pids)
+
+
 def kill_and_finish(proc, victim, pids: set[int]) -> tuple[int, str, str]:
     """SIGKILL ``victim`` (a rank), then wait for ``gyre train``; ``pids`` gathers every process of the run
     meanwhile (the relaunched segment's too). ``finish``'s (exit code, stdout, stderr)."""

@@ -15,9 +15,9 @@ GROUPS_B = [(3, 4, [6], 0.7)]
 MODEL = dict(heads=4, kv_heads=2)
 
 
-def core_step(rank: int, world: int, tp: int, port: int, remote: dict | None, queue) -> None:
+def core_step(rank: int, world: int, tp: int, port: int, remote: dict | None, ckpt: str | None, queue) -> None:
     """One core step on this rank of a ``world``-worker cell with TP ``tp``: group A here (and group B here too,
-    or ``remote``: group B's (z, loss, whole-model gradients) from a satellite)."""
+    or ``remote``: group B's (z, loss, whole-model gradients) from a satellite); then a checkpoint into ``ckpt``."""
     import torch
 
     torch.set_num_threads(1)
@@ -52,14 +52,39 @@ def core_step(rank: int, world: int, tp: int, port: int, remote: dict | None, qu
                      "grads": {k: v.numpy() for k, v in grads.items()}}
     norm = trainer.apply_grads({k: v / z_sum for k, v in acc.items()})
     after = {k: v.numpy() for k, v in trainer.export_weights().items()}
+    if ckpt:
+        trainer.save_checkpoint(ckpt)
     if rank == 0:
         queue.put({"losses": losses, "norm": norm, "after": after, "shapes": trainer.full_shapes(),
-                   "satellite": satellite})
+                   "satellite": satellite, "moments": moments(trainer) if world == 1 else None})
     if world > 1:
         import torch.distributed as dist
 
         dist.barrier()
         dist.destroy_process_group()
+
+
+def moments(trainer) -> dict:
+    """The optimizer's first and second moments by parameter name (a one-worker trainer: whole tensors)."""
+    names = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    return {f"{names[i]}/{k}": v.numpy().copy() for i, st in trainer.optimizer.state_dict()["state"].items()
+            for k, v in st.items() if k != "step"}
+
+
+def resume_alone(ckpt: str, queue) -> None:
+    """A one-worker trainer resuming from ``ckpt``, whatever layout wrote it."""
+    import torch
+
+    torch.set_num_threads(1)
+    from gyre_hpc.config import ModelConfig, TrainConfig
+    from gyre_hpc.train.model import init_parallel
+    from gyre_hpc.train.step import Trainer
+
+    init_parallel()
+    trainer = Trainer(ModelConfig(**MODEL), TrainConfig(lr=1e-2, micro_batch_tokens=8), seed=5)  # other weights
+    trainer.load_checkpoint(ckpt)
+    queue.put({"after": {k: v.numpy() for k, v in trainer.export_weights().items()}, "moments": moments(trainer),
+               "version": trainer.version})
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +93,7 @@ def reference():
     import torch.multiprocessing as mp
 
     queue = mp.get_context("spawn").Queue()
-    proc = mp.get_context("spawn").Process(target=core_step, args=(0, 1, 1, 0, None, queue))
+    proc = mp.get_context("spawn").Process(target=core_step, args=(0, 1, 1, 0, None, None, queue))
     proc.start()
     try:
         got = queue.get(timeout=180)
@@ -90,20 +115,27 @@ def assert_same_step(got: dict, ref: dict) -> None:
 
 
 @pytest.mark.parametrize("world, tp", [(2, 1), (4, 2)], ids=["dp2", "tp2xdp2"])
-def test_a_cell_of_workers_takes_the_step_of_one_worker(spawn_ranks, reference, world, tp):
+def test_a_cell_of_workers_takes_the_step_of_one_worker_and_its_checkpoint_resumes_on_one(
+        spawn_ranks, reference, world, tp, tmp_path):
     from gyre_hpc.train.model import _free_port
 
-    port = _free_port()
-    got, codes = spawn_ranks(core_step, [(r, world, tp, port, None) for r in range(world)], timeout=240)
+    port, ckpt = _free_port(), str(tmp_path / "ckpt")
+    got, codes = spawn_ranks(core_step, [(r, world, tp, port, None, ckpt) for r in range(world)], timeout=240)
     assert codes == [0] * world
     assert got["shapes"] == reference["shapes"]  # whole-model shapes, whatever the layout
     assert_same_step(got, reference)
+    resumed, codes = spawn_ranks(resume_alone, [(ckpt,)], timeout=180)  # another layout: one worker
+    assert codes == [0]
+    assert all(np.array_equal(resumed["after"][k], v) for k, v in got["after"].items())  # bit for bit
+    assert set(resumed["moments"]) == set(reference["moments"])
+    for k, v in reference["moments"].items():  # the optimizer's moments re-cut, equal to one worker's
+        assert np.allclose(resumed["moments"][k], v, rtol=1e-4, atol=1e-9), k
 
 
 def test_a_core_under_tp2_sums_a_one_worker_satellites_gradients_exactly(spawn_ranks, reference):
     from gyre_hpc.train.model import _free_port
 
     port = _free_port()
-    got, codes = spawn_ranks(core_step, [(r, 2, 2, port, reference["satellite"]) for r in range(2)], timeout=240)
+    got, codes = spawn_ranks(core_step, [(r, 2, 2, port, reference["satellite"], None) for r in range(2)], timeout=240)
     assert codes == [0, 0]
     assert_same_step(got, reference)
