@@ -7,12 +7,12 @@ import pytest
 
 from live_run import run_live
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
 def test_every_worker_of_a_cells_run_trains_or_serves_and_the_core_steps_under_tp2_x_dp2(tmp_path):
     summary, run_dir, _ = run_live(tmp_path, ["allocator.steps=2", "run.name=cells"], config="local_cells.yaml",
-                                   timeout_s=600)
+                                   timeout_s=1200)
     assert summary["steps"] >= 2 and summary["runs_lost"] == 0 and summary["groups_lost"] == 0
     assert summary["switches_r2t"] >= 1 and summary["switches_t2r"] >= 1
     assert summary["parallel"] == {"tp": 2, "pp": 1, "dp": 2}

@@ -96,7 +96,7 @@ def reference():
     proc = mp.get_context("spawn").Process(target=core_step, args=(0, 1, 1, 0, None, None, queue))
     proc.start()
     try:
-        got = queue.get(timeout=180)
+        got = queue.get(timeout=600)
     finally:
         proc.join(timeout=60)
         if proc.is_alive():
@@ -120,11 +120,11 @@ def test_a_cell_of_workers_takes_the_step_of_one_worker_and_its_checkpoint_resum
     from gyre_hpc.train.model import _free_port
 
     port, ckpt = _free_port(), str(tmp_path / "ckpt")
-    got, codes = spawn_ranks(core_step, [(r, world, tp, port, None, ckpt) for r in range(world)], timeout=240)
+    got, codes = spawn_ranks(core_step, [(r, world, tp, port, None, ckpt) for r in range(world)], timeout=600)
     assert codes == [0] * world
     assert got["shapes"] == reference["shapes"]  # whole-model shapes, whatever the layout
     assert_same_step(got, reference)
-    resumed, codes = spawn_ranks(resume_alone, [(ckpt,)], timeout=180)  # another layout: one worker
+    resumed, codes = spawn_ranks(resume_alone, [(ckpt,)], timeout=600)  # another layout: one worker
     assert codes == [0]
     assert all(np.array_equal(resumed["after"][k], v) for k, v in got["after"].items())  # bit for bit
     assert set(resumed["moments"]) == set(reference["moments"])
@@ -136,6 +136,7 @@ def test_a_core_under_tp2_sums_a_one_worker_satellites_gradients_exactly(spawn_r
     from gyre_hpc.train.model import _free_port
 
     port = _free_port()
-    got, codes = spawn_ranks(core_step, [(r, 2, 2, port, reference["satellite"], None) for r in range(2)], timeout=240)
+    got, codes = spawn_ranks(core_step, [(r, 2, 2, port, reference["satellite"], None) for r in range(2)],
+                             timeout=600)
     assert codes == [0, 0]
     assert_same_step(got, reference)
