@@ -246,6 +246,10 @@ class TrainConfig:
               "min(exp(trainer_logprob_old - engine_logprob), tis_cap), and ppo's ratio is taken against the "
               "trainer's own logprob before the step (docs/training.md); null = off.",
     )
+    weight_bucket_mb: float = param(
+        512.0, "Weight sync to the engines (docs/weights.md, resharding): the trainer's TP/PP shards are gathered, "
+               "converted to the engine's names and sent in buckets of at most this many MB of full tensors (a "
+               "larger single tensor goes alone); no rank holds more than one bucket of full tensors at a time.")
 
     def check(self) -> None:
         require(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
@@ -258,6 +262,7 @@ class TrainConfig:
             "betas",
             f"must be two numbers in [0, 1), got {list(self.betas)}",
         )
+        require(self.weight_bucket_mb > 0, "weight_bucket_mb", f"must be > 0, got {self.weight_bucket_mb}")
         require(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
         require(self.grad_clip is None or self.grad_clip > 0, "grad_clip", f"must be > 0 or null, got {self.grad_clip}")
         require(self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}")

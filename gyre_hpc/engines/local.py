@@ -71,6 +71,7 @@ class LocalEngine:
         self.cfg = cfg
         self.model_path = model_path
         self.in_weight_update = False
+        self.staged: dict = {}  # HF tensors of a streamed (bucketed) update, until they cover the model
         self.disk_version = scheduler.version  # the version of the weights model_path (or the seed) holds
         self.pushed = False  # weights came over /update_weights_from_distributed since the last disk load
         self.app = FastAPI(lifespan=self._lifespan)
@@ -144,14 +145,14 @@ class LocalEngine:
         await _json(request)
         if self.in_weight_update:
             return JSONResponse({"success": False, "message": "a weight update is already in progress"}, 400)
-        self.in_weight_update = True
+        self.in_weight_update, self.staged = True, {}
         return {"success": True, "message": "weight update begun"}
 
     async def end_weight_update(self, request: Request):
         await _json(request)
         if not self.in_weight_update:
             return JSONResponse({"success": False, "message": "no weight update in progress"}, 400)
-        self.in_weight_update = False
+        self.in_weight_update, self.staged = False, {}
         return {"success": True, "message": "weight update ended"}
 
     async def update_weights_from_disk(self, request: Request):

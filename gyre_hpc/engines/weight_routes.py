@@ -14,6 +14,12 @@ Invariants
   was not initialised. A tensor payload is unpickled with only torch's tensor/storage rebuilders allowed.
 - A refused update (names that do not cover the model, wrong shapes or dtypes) leaves the loaded weights and the
   version untouched and answers 400 with ``success: false``.
+- Buckets (``gyre_hpc.train.reshard``): a distributed update without ``weight_version`` whose tensors do not cover the
+  model is staged, not loaded; the staged tensors load together with the update that completes the model (the last
+  bucket carries the version), all at once between two ticks. An update carrying a version that still does not
+  cover the model is refused as above, and the staged tensors are dropped (so are they at ``/begin_weight_update``
+  and ``/end_weight_update``): no model is ever half old, half new (SGLang loads each bucket as it comes; the
+  engine is paused in place meanwhile).
 - ``abort_all_requests`` defaults to false: in-flight requests survive an update. ``flush_cache: true`` while
   requests run answers 400 after the weights were loaded (SGLang's behaviour: the prefix cache cannot be flushed).
 """
@@ -123,6 +129,17 @@ def to_model_names(received: dict, model_cfg, own: set[str]) -> dict:
         raise EngineError(str(exc), status=400) from None
 
 
+def covers(names: set[str], model_cfg, own: set[str]) -> bool:
+    """True when ``names`` hold every tensor of the model, under megatron's names or the HF ones."""
+    if own <= names:
+        return True
+    if model_cfg is None:
+        return False
+    from gyre_hpc.train.hf_weights import entries
+
+    return {h for _, hnames, _ in entries(model_cfg) for h in hnames} <= names
+
+
 def add_weight_routes(app: FastAPI, engine) -> None:
     """Add the three routes to ``engine.app``; ``engine`` is a ``LocalEngine`` (scheduler ``s``, ``model_cfg``,
     ``in_weight_update``)."""
@@ -164,8 +181,13 @@ def add_weight_routes(app: FastAPI, engine) -> None:
                                                u["shapes"])
         except Exception as exc:  # the sender died or timed out
             return _fail(f"Failed to receive weights: {exc}")
+        own = set(engine.s.policy.state())
+        merged, engine.staged = {**engine.staged, **received}, {}
+        if u["version"] is None and not covers(set(merged), engine.model_cfg, own):
+            engine.staged = merged  # one bucket of a streamed update: loaded once the buckets cover the model
+            return {"success": True, "message": f"Staged {len(received)} tensors ({len(merged)} so far)."}
         try:
-            state = to_model_names(received, engine.model_cfg, set(engine.s.policy.state()))
+            state = to_model_names(merged, engine.model_cfg, own)
             await engine.s.load_weights(state, u["version"])
         except EngineError as exc:
             return _fail(str(exc))

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 
@@ -197,32 +197,49 @@ class WeightPusher:
         self.pg = pg
 
     def _push_once(self, tensors: Mapping[str, torch.Tensor], version: str, flush_cache: bool) -> dict:
-        import torch.distributed as dist
+        return self.push_stream(iter([(tensors, True)]), version, flush_cache)
 
+    def push_stream(self, buckets: Iterable[tuple[Mapping[str, torch.Tensor], bool]], version: str,
+                    flush_cache: bool = False) -> dict:
+        """One attempt (no retry; on error the caller ``reset``s): ``(tensors, last)`` buckets, each one
+        ``/update_weights_from_distributed`` call and its broadcasts, all inside one paused update. Only the last
+        bucket carries ``weight_version`` (an engine's version changes once every bucket is in). Returns
+        {seconds, bytes, gb_per_s, tensors, buckets, max_bucket_bytes}."""
         self._ensure_group()
-        names = list(tensors)
-        device = "cuda" if self.backend == "nccl" else "cpu"  # nccl moves GPU tensors only (untested here: no GPU)
-        ts = [tensors[n].detach().to(device).contiguous() for n in names]
         t0 = self.clock.now()
+        nbytes = ntensors = nbuckets = largest = 0
         self.client.pause("in_place")  # SGLang waits for running requests unless paused; in_place keeps them
         try:
             self.client.begin_weight_update()
             try:
-                call = _Call(self.client.update_weights_from_distributed, names,
-                             [dtype_name(t.dtype) for t in ts], [list(t.shape) for t in ts], version, flush_cache,
-                             self.group_name)
-                works = [dist.broadcast(t, group_src=0, group=self.pg, async_op=True) for t in ts]
-                self._wait(works, call)
-                call.finish(self.timeout_s)
+                for tensors, last in buckets:
+                    sent = self._send_bucket(tensors, version if last else None, flush_cache and last)
+                    nbytes, ntensors, nbuckets = nbytes + sent[0], ntensors + sent[1], nbuckets + 1
+                    largest = max(largest, sent[0])
+                    del tensors
                 self.client.update_weight_version(version, abort_all_requests=False)
             finally:
                 _quietly(self.client.end_weight_update)  # the attempt's own error (if any) is the one to report
         finally:
             self.client.resume()  # the held requests go on; their next tokens carry the new version
         seconds = self.clock.now() - t0
-        nbytes = sum(t.numel() * t.element_size() for t in ts)
         return {"seconds": seconds, "bytes": nbytes, "gb_per_s": nbytes / max(seconds, 1e-9) / 1e9,
-                "tensors": len(ts)}
+                "tensors": ntensors, "buckets": nbuckets, "max_bucket_bytes": largest}
+
+    def _send_bucket(self, tensors: Mapping[str, torch.Tensor], version: str | None,
+                     flush_cache: bool) -> tuple[int, int]:
+        """One update call and its broadcasts, waited for; returns (bytes, tensors)."""
+        import torch.distributed as dist
+
+        names = list(tensors)
+        device = "cuda" if self.backend == "nccl" else "cpu"  # nccl moves GPU tensors only (untested here: no GPU)
+        ts = [tensors[n].detach().to(device).contiguous() for n in names]
+        call = _Call(self.client.update_weights_from_distributed, names, [dtype_name(t.dtype) for t in ts],
+                     [list(t.shape) for t in ts], version, flush_cache, self.group_name)
+        works = [dist.broadcast(t, group_src=0, group=self.pg, async_op=True) for t in ts]
+        self._wait(works, call)
+        call.finish(self.timeout_s)
+        return sum(t.numel() * t.element_size() for t in ts), len(ts)
 
     def _wait(self, works: list, call: _Call) -> None:
         """Wait for the broadcasts; stop early when the engine refused the update (it will not receive)."""

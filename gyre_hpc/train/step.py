@@ -265,6 +265,14 @@ class Trainer:
         """Flat ``{name: full CPU tensor}`` (tensor-parallel shards gathered): what a rollout engine pulls."""
         return checkpoint.gather_full(self.model, self.model_cfg.swiglu)
 
+    def push_weights(self, pusher, version: str | None = None) -> dict:
+        """Collective: stream the weights into an engine bucket by bucket, resharded (``gyre_hpc.train.reshard``;
+        ``pusher`` on the sender rank, None on the others); memory per rank bounded by ``train.weight_bucket_mb``."""
+        from gyre_hpc.train.reshard import push_resharded
+
+        return push_resharded(self.model, self.model_cfg, pusher, str(self.version if version is None else version),
+                              int(self.cfg.weight_bucket_mb * 2**20))
+
     def save_checkpoint(self, path: str | Path) -> Path:
         """Write model, optimizer and version to the directory ``path`` atomically."""
         from megatron.core import parallel_state as ps
