@@ -53,3 +53,29 @@ def test_a_good_push_after_failures_loads_exactly_the_senders_weights(client):
         pusher.close()
     assert stats["attempt"] == again["attempt"] == 0 and stats["bytes"] == again["bytes"] > 0
     assert client.weight_version() == "42" and client.weights_checksum() == weights_checksum(state)
+
+
+def test_streamed_buckets_load_only_once_they_cover_the_model(client):
+    """Buckets without a version are staged; the last one (with the version) loads them all at once. A stream whose
+    last bucket leaves the model uncovered loads nothing and keeps the old version."""
+    from gyre_hpc.errors import EngineError
+
+    before, checksum = client.weight_version(), client.weights_checksum()
+    state = _state(5)
+    tensors = engine_tensors(state, ModelConfig())
+    names = list(tensors)
+    parts = [{n: tensors[n] for n in names[i::3]} for i in range(3)]
+    pusher = WeightPusher(client)
+    try:
+        short = dict(parts[2])
+        short.pop(next(iter(short)))
+        with pytest.raises(EngineError):
+            pusher.push_stream([(parts[0], False), (parts[1], False), (short, True)], "half")
+        pusher.reset()
+        assert client.weight_version() == before and client.weights_checksum() == checksum
+        stats = pusher.push_stream([(parts[0], False), (parts[1], False), (parts[2], True)], "77")
+    finally:
+        pusher.close()
+    assert stats["buckets"] == 3 and stats["tensors"] == len(names)
+    assert stats["max_bucket_bytes"] == max(sum(t.numel() * 4 for t in p.values()) for p in parts)
+    assert client.weight_version() == "77" and client.weights_checksum() == weights_checksum(state)
