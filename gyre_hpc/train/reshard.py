@@ -126,10 +126,10 @@ def local_entries(model: torch.nn.Module, swiglu: bool, stage: int, tp: int) -> 
     return out
 
 
-def export_entries(model: torch.nn.Module, cfg: ModelConfig) -> list[Entry]:
+def export_entries(model: torch.nn.Module, cfg: ModelConfig, engine_names: bool = True) -> list[Entry]:
     """Every stage's entries, in export order (collective over the model-parallel group): the HF table's order
-    when the model has an HF form (tensors outside it, e.g. a tied output layer's copy, are not sent), else
-    stage by stage in state-dict order (first stage wins a name)."""
+    when sending engine names of a model with an HF form (tensors outside it, e.g. a tied output layer's copy,
+    are not sent), else stage by stage in state-dict order (first stage wins a name)."""
     from gyre_hpc.engines.weight_sync import hf_names
     from gyre_hpc.train.hf_weights import entries
 
@@ -145,7 +145,7 @@ def export_entries(model: torch.nn.Module, cfg: ModelConfig) -> list[Entry]:
     for part in everyone:
         for e in part:
             by_name.setdefault(e.name, e)
-    if hf_names(cfg):
+    if engine_names and hf_names(cfg):
         order = [m for m, _, _ in entries(cfg)]
         return [by_name[m] for m in order if m in by_name]
     return list(by_name.values())
@@ -179,11 +179,13 @@ def _engine_parts(name: str, full: torch.Tensor, rows: dict, cfg: ModelConfig) -
     return {h: p.contiguous() for h, p in zip(hnames, parts)}
 
 
-def iter_buckets(model: torch.nn.Module, cfg: ModelConfig, bucket_bytes: int,
-                 stats: ReshardStats | None = None) -> Iterator[tuple[dict[str, torch.Tensor], bool]]:
+def iter_buckets(model: torch.nn.Module, cfg: ModelConfig, bucket_bytes: int, stats: ReshardStats | None = None,
+                 engine_names: bool = True, plan: list[list[Entry]] | None = None
+                 ) -> Iterator[tuple[dict[str, torch.Tensor], bool]]:
     """Collective generator over the model-parallel group of data-parallel replica 0 (other replicas: nothing).
     The sender (TP rank 0 of stage 0) yields ``(engine tensors, last)`` per bucket; every other rank yields
-    nothing but must exhaust the generator (it runs the bucket's gathers and sends)."""
+    nothing but must exhaust the generator (it runs the bucket's gathers and sends). ``engine_names`` false: full
+    megatron tensors under their global names (what ``gather_full`` gives, what satellites load)."""
     from gyre_hpc.engines.weight_sync import hf_names
     from gyre_hpc.train.hf_weights import entries
 
@@ -191,8 +193,8 @@ def iter_buckets(model: torch.nn.Module, cfg: ModelConfig, bucket_bytes: int,
     tp, tp_rank, tp_group, stage, pp_ranks, _, takes_part = _groups()
     if not takes_part:
         return
-    plan = plan_buckets(export_entries(model, cfg), bucket_bytes)
-    rows = {m: (h, lay) for m, h, lay in entries(cfg)} if hf_names(cfg) else {}
+    plan = plan if plan is not None else plan_buckets(export_entries(model, cfg, engine_names), bucket_bytes)
+    rows = {m: (h, lay) for m, h, lay in entries(cfg)} if engine_names and hf_names(cfg) else {}
     state = model.state_dict()
     sender = stage == 0 and tp_rank == 0
     for index, bucket in enumerate(plan):
@@ -266,6 +268,29 @@ def push_resharded(model: torch.nn.Module, cfg: ModelConfig, pusher, version: st
         errors.append(flag[0])
     raise WeightSyncError(f"weight version {version} not pushed after {1 + retries} attempts: " + " | ".join(errors),
                           endpoint="/update_weights_from_distributed")
+
+
+def publish_resharded(model: torch.nn.Module, cfg: ModelConfig, publisher, version: int,
+                      bucket_bytes: int) -> tuple[object, ReshardStats]:
+    """Collective: the full megatron weights into ``publisher``'s transfer buffer (Mooncake for satellites and
+    rollout cells; ``publisher`` on the sender, None elsewhere), filled bucket by bucket
+    (``BufferPublisher.publish_stream``). The buffer itself holds the whole model: it is what pullers read, one
+    descriptor and one manifest of checksums per version; what the buckets save is every other full copy (no
+    ``export_weights`` dict next to it). Returns (the descriptor on the sender, else None; this rank's stats)."""
+    stats = ReshardStats()
+    plan = plan_buckets(export_entries(model, cfg, engine_names=False), bucket_bytes)
+    stream = iter_buckets(model, cfg, bucket_bytes, stats, engine_names=False, plan=plan)
+    if publisher is None:
+        for _ in stream:
+            pass
+        return None, stats
+    specs = [(e.name, torch.empty(0, dtype=getattr(torch, e.dtype)).numpy().dtype, e.shape) for b in plan for e in b]
+    try:
+        desc = publisher.publish_stream(specs, ({k: v.numpy() for k, v in t.items()} for t, _ in stream), version)
+    finally:
+        for _ in stream:  # on an error, the other ranks still run every bucket's collectives
+            pass
+    return desc, stats
 
 
 # ------------------------------------------------------------------------------- layouts (tests, benchmarks)

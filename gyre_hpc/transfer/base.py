@@ -34,7 +34,8 @@ import numpy as np
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.config import TransferConfig
 from gyre_hpc.errors import TransferError
-from gyre_hpc.transfer.manifest import WeightManifest, make_manifest, pack_into, plan_layout, unpack_weights
+from gyre_hpc.transfer.manifest import (WeightManifest, make_manifest, pack_into, plan_layout, plan_specs,
+                                        unpack_weights)
 
 HEADER_BYTES = 64
 MAGIC = int.from_bytes(b"GYREWTS1", "little")
@@ -160,10 +161,7 @@ class BufferPublisher(_Owned):
 
     def publish(self, weights: Mapping[str, np.ndarray], version: int) -> WeightDescriptor:
         self._check_usable()
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise TransferError(f"publish: version must be a non-negative integer, got {version!r}")
-        if self._version is not None and version <= self._version:
-            raise TransferError(f"publish: version must increase, got {version} after {self._version}")
+        self._check_version(version)
         entries, total = plan_layout(weights)
         buf = self._reserve(HEADER_BYTES + total)
         buf[:HEADER_BYTES] = header_bytes(WRITING, total)
@@ -173,6 +171,43 @@ class BufferPublisher(_Owned):
         buf[:HEADER_BYTES] = header_bytes(version, total)
         self._version = version
         return WeightDescriptor(self.backend, self.location, int(buf.ctypes.data), manifest)
+
+    def publish_stream(self, specs, buckets, version: int) -> WeightDescriptor:
+        """``publish`` filled bucket by bucket: ``specs`` ``(name, dtype, shape)`` plan the layout up front, then
+        each bucket (a mapping of some of those names to arrays) is copied into its slots as it comes, so the
+        caller never holds more than one bucket besides this buffer. Every planned name must arrive exactly once;
+        otherwise the header stays "rewriting" (no puller takes it) and a ``TransferError`` names what is wrong."""
+        self._check_usable()
+        self._check_version(version)
+        entries, total = plan_specs(specs)
+        slots = {e.name: e for e in entries}
+        buf = self._reserve(HEADER_BYTES + total)
+        buf[:HEADER_BYTES] = header_bytes(WRITING, total)
+        data = buf[HEADER_BYTES:HEADER_BYTES + total]
+        data[:] = 0  # the padding between slots
+        filled: set[str] = set()
+        for bucket in buckets:
+            for name, array in bucket.items():
+                if name not in slots or name in filled:
+                    why = "not planned" if name not in slots else "sent twice"
+                    raise TransferError(f"publish_stream: {name!r} is {why}")
+                e = slots[name]
+                np.copyto(data[e.offset:e.offset + e.nbytes].view(np.dtype(e.dtype)).reshape(e.shape), array,
+                          casting="no")
+                filled.add(name)
+        if len(filled) != len(slots):
+            missing = [n for n in slots if n not in filled]
+            raise TransferError(f"publish_stream: {len(missing)} planned tensors never came: {missing[:5]}")
+        manifest = make_manifest(entries, total, data, version, self.cfg.checksum, self.cfg.checksum_chunk_bytes)
+        buf[:HEADER_BYTES] = header_bytes(version, total)
+        self._version = version
+        return WeightDescriptor(self.backend, self.location, int(buf.ctypes.data), manifest)
+
+    def _check_version(self, version: int) -> None:
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise TransferError(f"publish: version must be a non-negative integer, got {version!r}")
+        if self._version is not None and version <= self._version:
+            raise TransferError(f"publish: version must increase, got {version} after {self._version}")
 
     def _reserve(self, nbytes: int) -> np.ndarray:
         """Backend hook: a readable uint8 buffer of at least ``nbytes`` (the same one while it is big enough)."""

@@ -106,16 +106,23 @@ class WeightManifest:
 
 def plan_layout(weights: Mapping[str, np.ndarray]) -> tuple[tuple[TensorEntry, ...], int]:
     """Entries (aligned offsets, insertion order) and the data size for ``weights``."""
+    return plan_specs((name, np.asarray(a).dtype, np.shape(a)) for name, a in weights.items())
+
+
+def plan_specs(specs) -> tuple[tuple[TensorEntry, ...], int]:
+    """``plan_layout`` from ``(name, dtype, shape)`` triples alone: a layout planned before any array exists
+    (a publisher filled bucket by bucket)."""
     entries, offset = [], 0
-    for name, array in weights.items():
+    for name, dtype, shape in specs:
         if not isinstance(name, str) or not name:
             raise TransferError(f"weight names must be non-empty strings, got {name!r}")
-        array = np.asarray(array)
-        if array.dtype.kind not in "biufc":
-            raise TransferError(f"weight {name!r}: dtype {array.dtype} cannot travel (bool/int/float/complex only)")
+        dtype, shape = np.dtype(dtype), tuple(int(d) for d in shape)
+        if dtype.kind not in "biufc":
+            raise TransferError(f"weight {name!r}: dtype {dtype} cannot travel (bool/int/float/complex only)")
         offset = -(-offset // ALIGNMENT) * ALIGNMENT
-        entries.append(TensorEntry(name, array.dtype.str, tuple(array.shape), offset, array.nbytes))
-        offset += array.nbytes
+        nbytes = math.prod(shape) * dtype.itemsize
+        entries.append(TensorEntry(name, dtype.str, shape, offset, nbytes))
+        offset += nbytes
     return tuple(entries), offset
 
 

@@ -118,13 +118,23 @@ def _pp2_rank(rank: int, port: int, full: dict, queue) -> None:
         sizes.append((sum(v.numel() * v.element_size() for v in tensors.values()), last))
     every = [None, None]
     dist.all_gather_object(every, stats.max_bucket_bytes)
+    from gyre_hpc.config import TransferConfig
+    from gyre_hpc.transfer import make_publisher, make_puller
+    from gyre_hpc.train.reshard import publish_resharded
+
+    transfer = TransferConfig(backend="inprocess")
+    publisher = make_publisher(transfer) if rank == 0 else None
+    desc, _ = publish_resharded(model, cfg, publisher, 1, BUCKET)  # the satellites' road: megatron names
     if rank == 0:
-        queue.put({"hf": got, "sizes": sizes, "max": every, "buckets": stats.buckets})
+        with make_puller(transfer) as puller:
+            pulled = {k: v.copy() for k, v in puller.pull(desc)[0].items()}
+        publisher.close()
+        queue.put({"hf": got, "sizes": sizes, "max": every, "buckets": stats.buckets, "pulled": pulled})
     dist.barrier()
     dist.destroy_process_group()
 
 
-def test_pp2_buckets_equal_the_single_rank_hf_export_bit_for_bit(spawn_ranks):
+def test_pp2_buckets_and_the_published_buffer_equal_the_single_rank_export_bit_for_bit(spawn_ranks):
     from gyre_hpc.train.checkpoint import gather_full
     from gyre_hpc.train.hf_weights import to_hf
     from gyre_hpc.train.model import _free_port, build_model
@@ -138,4 +148,5 @@ def test_pp2_buckets_equal_the_single_rank_hf_export_bit_for_bit(spawn_ranks):
     assert list(got["hf"]) == list(want) and all(np.array_equal(got["hf"][k], want[k]) for k in want)
     assert [last for _, last in got["sizes"]] == [False] * (got["buckets"] - 1) + [True]
     assert got["buckets"] >= 2 * cfg.layers and all(0 < m <= BUCKET for m in got["max"])
+    assert list(got["pulled"]) == list(full) and all(np.array_equal(got["pulled"][k], full[k].numpy()) for k in full)
 

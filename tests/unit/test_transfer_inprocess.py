@@ -162,3 +162,30 @@ def test_chunk_plan_covers_every_byte_once_in_order(total, chunk, batch):
     assert [off for off, _ in flat] == list(range(0, total, chunk))
     assert sum(n for _, n in flat) == total and all(0 < n <= chunk for _, n in flat)
     assert all(sum(n for _, n in b) <= max(chunk, batch) for b in batches)
+
+
+def test_a_buffer_filled_bucket_by_bucket_pulls_as_the_whole_publish(pair):
+    """``publish_stream``: the layout is planned from (name, dtype, shape) alone, the buckets fill it in any
+    grouping, and the pulled bytes, manifest and checksums equal a whole ``publish`` of the same arrays."""
+    publisher, puller = pair
+    w = model(seed=5)
+    specs = [(n, a.dtype, a.shape) for n, a in w.items()]
+    desc = publisher.publish_stream(specs, iter([{"bias": w["bias"]}, {"embed": w["embed"]}]), version=1)
+    got, stats = puller.pull(desc)
+    assert stats.checksum_ok and all(np.array_equal(got[n], w[n]) for n in w)
+    whole = publisher.publish(w, version=2)
+    assert whole.manifest.chunk_checksums == desc.manifest.chunk_checksums
+    assert whole.manifest.tensors == desc.manifest.tensors
+
+
+def test_a_stream_that_misses_or_repeats_a_tensor_publishes_nothing(pair):
+    publisher, puller = pair
+    w = model(seed=6)
+    specs = [(n, a.dtype, a.shape) for n, a in w.items()]
+    good = publisher.publish(w, version=1)
+    with pytest.raises(TransferError, match="never came"):
+        publisher.publish_stream(specs, iter([{"embed": w["embed"]}]), version=2)
+    with pytest.raises(TransferError, match="sent twice"):
+        publisher.publish_stream(specs, iter([{"embed": w["embed"]}, {"embed": w["embed"]}]), version=3)
+    with pytest.raises(TransferError, match="rewriting|stale"):
+        puller.pull(good)  # the buffer was being rewritten: the old descriptor no longer pulls
