@@ -77,6 +77,10 @@ class EngineError(GyreError):
         self.endpoint = endpoint
 
 
+class WeightSyncError(EngineError):
+    """A weight push that failed ``retries`` times (the message holds each attempt's error)."""
+
+
 class CheckpointError(GyreError):
     """A checkpoint directory is missing, incomplete, or was written by another parallel layout."""
 

@@ -43,18 +43,16 @@ import torch
 
 from gyre_hpc.clock import Clock, WallClock, wait_until
 from gyre_hpc.config import ModelConfig
-from gyre_hpc.errors import EngineError
+from gyre_hpc.errors import EngineError, WeightSyncError  # noqa: F401 (WeightSyncError: re-exported)
 
 GROUP_NAME = "gyre_weights"
 
 
-class WeightSyncError(EngineError):
-    """A weight push that failed ``retries`` times (the message holds each attempt's error)."""
-
-
 def hf_names(cfg: ModelConfig) -> bool:
     """True when the model's tensors have Hugging Face names (Qwen2/Qwen3 layout: RoPE, RMSNorm, SwiGLU)."""
-    return cfg.swiglu and cfg.normalization == "RMSNorm" and cfg.position_embedding == "mrope"
+    from gyre_hpc.train.hf_weights import has_hf_form
+
+    return has_hf_form(cfg)
 
 
 def engine_tensors(full: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:

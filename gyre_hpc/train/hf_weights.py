@@ -61,6 +61,11 @@ TABLE: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
 )
 
 
+def has_hf_form(cfg: ModelConfig) -> bool:
+    """True when the model maps to Hugging Face Qwen2/Qwen3 tensors (RoPE, RMSNorm, SwiGLU)."""
+    return cfg.swiglu and cfg.normalization == "RMSNorm" and cfg.position_embedding == "mrope"
+
+
 def entries(cfg: ModelConfig) -> list[tuple[str, tuple[str, ...], str]]:
     """The table's rows for ``cfg``, layer templates expanded: (megatron name, HF names, layout)."""
     present = {"always": True, "qkv_bias": cfg.qkv_bias, "qk_layernorm": cfg.qk_layernorm,

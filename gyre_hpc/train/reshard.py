@@ -130,8 +130,7 @@ def export_entries(model: torch.nn.Module, cfg: ModelConfig, engine_names: bool 
     """Every stage's entries, in export order (collective over the model-parallel group): the HF table's order
     when sending engine names of a model with an HF form (tensors outside it, e.g. a tied output layer's copy,
     are not sent), else stage by stage in state-dict order (first stage wins a name)."""
-    from gyre_hpc.engines.weight_sync import hf_names
-    from gyre_hpc.train.hf_weights import entries
+    from gyre_hpc.train.hf_weights import entries, has_hf_form as hf_names
 
     tp, tp_rank, _, stage, _, mp_group, _ = _groups()
     mine = local_entries(model, cfg.swiglu, stage, tp) if tp_rank == 0 else []
@@ -186,8 +185,7 @@ def iter_buckets(model: torch.nn.Module, cfg: ModelConfig, bucket_bytes: int, st
     The sender (TP rank 0 of stage 0) yields ``(engine tensors, last)`` per bucket; every other rank yields
     nothing but must exhaust the generator (it runs the bucket's gathers and sends). ``engine_names`` false: full
     megatron tensors under their global names (what ``gather_full`` gives, what satellites load)."""
-    from gyre_hpc.engines.weight_sync import hf_names
-    from gyre_hpc.train.hf_weights import entries
+    from gyre_hpc.train.hf_weights import entries, has_hf_form as hf_names
 
     stats = stats if stats is not None else ReshardStats()
     tp, tp_rank, tp_group, stage, pp_ranks, _, takes_part = _groups()
@@ -237,7 +235,7 @@ def push_resharded(model: torch.nn.Module, cfg: ModelConfig, pusher, version: st
                    retries: int = 2) -> dict:
     """Collective: stream the model's buckets into ``pusher``'s engine (``WeightPusher``, on the sender only;
     None elsewhere). Returns the sender's push stats (others: their ``ReshardStats``) with ``max_bucket_bytes``."""
-    from gyre_hpc.engines.weight_sync import WeightSyncError
+    from gyre_hpc.errors import WeightSyncError
 
     _, _, _, _, _, mp_group, takes_part = _groups()
     if not takes_part:
