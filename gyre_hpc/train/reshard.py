@@ -8,7 +8,7 @@ weights to an engine of any TP size without any rank holding the whole model::
     per bucket b (collective over the model-parallel group, in plan order):
       stage s, TP ranks 0..T-1   gather(shard, dst=TP rank 0)  → full tensor on stage s's TP rank 0
                                  (SwiGLU linear_fc1: [gate_r; up_r] re-ordered to [gate; up])
-      stage s's TP rank 0 (s>0)  send(full)  ───────────────▶  sender (TP 0 of stage 0) recv
+      stage s's TP rank 0 (s>0)  send(full)  ────────▶  sender (TP 0 of stage 0) recv
       sender                     megatron → HF (split q/k/v per query group, gate/up) → one engine bucket
                                  POST /update_weights_from_distributed {bucket's names}; broadcast its tensors
       every rank                 drops the bucket's full tensors before the next bucket
@@ -147,15 +147,18 @@ def export_entries(model: torch.nn.Module, cfg: ModelConfig, engine_names: bool 
     if engine_names and hf_names(cfg):
         order = [m for m, _, _ in entries(cfg)]
         return [by_name[m] for m in order if m in by_name]
+    if cfg.tie_embeddings:  # the last stage's copy of the tied embedding is not a weight of its own
+        by_name.pop("output_layer.weight", None)
     return list(by_name.values())
 
 
 # ------------------------------------------------------------------------------------------------ buckets
 def _full(model_state: Mapping[str, torch.Tensor], e: Entry, tp: int, tp_rank: int, tp_group) -> torch.Tensor | None:
-    """The full tensor on this stage's TP rank 0 (None on the others); a collective over the TP group."""
+    """The full tensor on this stage's TP rank 0, on the model's device (None on the others); a collective over
+    the TP group (NCCL moves device tensors only: nothing goes through the host here)."""
     shard = model_state[e.local].detach()
     if e.partition_dim is None:
-        return shard.to("cpu", copy=True) if tp_rank == 0 else None
+        return shard if tp_rank == 0 else None
     dst = dist.get_global_rank(tp_group, 0)
     shards = [torch.empty_like(shard) for _ in range(tp)] if tp_rank == 0 else None
     dist.gather(shard.contiguous(), shards, dst=dst, group=tp_group)
@@ -164,7 +167,7 @@ def _full(model_state: Mapping[str, torch.Tensor], e: Entry, tp: int, tp_rank: i
     if e.fc1:
         halves = [s.chunk(2, dim=0) for s in shards]
         shards = [h[0] for h in halves] + [h[1] for h in halves]
-    return torch.cat(shards, dim=e.partition_dim).to("cpu")
+    return torch.cat(shards, dim=e.partition_dim)
 
 
 def _engine_parts(name: str, full: torch.Tensor, rows: dict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
@@ -194,6 +197,7 @@ def iter_buckets(model: torch.nn.Module, cfg: ModelConfig, bucket_bytes: int, st
     plan = plan if plan is not None else plan_buckets(export_entries(model, cfg, engine_names), bucket_bytes)
     rows = {m: (h, lay) for m, h, lay in entries(cfg)} if engine_names and hf_names(cfg) else {}
     state = model.state_dict()
+    device = next(model.parameters()).device
     sender = stage == 0 and tp_rank == 0
     for index, bucket in enumerate(plan):
         held: dict[str, torch.Tensor] = {}
@@ -205,7 +209,7 @@ def iter_buckets(model: torch.nn.Module, cfg: ModelConfig, bucket_bytes: int, st
                 elif full is not None:
                     held[e.name] = full
             elif sender:
-                buf = torch.empty(e.shape, dtype=getattr(torch, e.dtype))
+                buf = torch.empty(e.shape, dtype=getattr(torch, e.dtype), device=device)
                 dist.recv(buf, src=pp_ranks[e.stage])
                 held[e.name] = buf
         if sender:
@@ -284,7 +288,8 @@ def publish_resharded(model: torch.nn.Module, cfg: ModelConfig, publisher, versi
         return None, stats
     specs = [(e.name, torch.empty(0, dtype=getattr(torch, e.dtype)).numpy().dtype, e.shape) for b in plan for e in b]
     try:
-        desc = publisher.publish_stream(specs, ({k: v.numpy() for k, v in t.items()} for t, _ in stream), version)
+        desc = publisher.publish_stream(specs, ({k: v.cpu().numpy() for k, v in t.items()} for t, _ in stream),
+                                        version)
     finally:
         for _ in stream:  # on an error, the other ranks still run every bucket's collectives
             pass

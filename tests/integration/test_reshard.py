@@ -88,7 +88,7 @@ def test_tp2_trainer_streams_sub_layer_buckets_into_a_real_engine_whose_logprobs
     engine = local_engine(EngineConfig(max_running_requests=4, context_len=256, startup_timeout_s=300.0,
                                        request_timeout_s=300.0), ModelConfig(**MODEL), seed=0)
     port = _free_port()
-    got, codes = spawn_ranks(_tp2_rank, [(r, port, engine.url) for r in range(2)], timeout=300)
+    got, codes = spawn_ranks(_tp2_rank, [(r, port, engine.url) for r in range(2)], timeout=600)
     assert codes == [0, 0]
     (out_ids, engine_logp, checksum, version), push = got["engine"], got["push"]
     assert got["before"] != got["checksum"] == checksum and version == "1"  # the engine holds the trainer's weights
@@ -143,7 +143,7 @@ def test_pp2_buckets_and_the_published_buffer_equal_the_single_rank_export_bit_f
     full = gather_full(build_model(cfg, seed=3), cfg.swiglu)
     want = {k: v.numpy() for k, v in to_hf(full, cfg).items()}
     port, arrays = _free_port(), {k: v.numpy() for k, v in full.items()}
-    got, codes = spawn_ranks(_pp2_rank, [(r, port, arrays) for r in range(2)], timeout=300)
+    got, codes = spawn_ranks(_pp2_rank, [(r, port, arrays) for r in range(2)], timeout=600)
     assert codes == [0, 0]
     assert list(got["hf"]) == list(want) and all(np.array_equal(got["hf"][k], want[k]) for k in want)
     assert [last for _, last in got["sizes"]] == [False] * (got["buckets"] - 1) + [True]
