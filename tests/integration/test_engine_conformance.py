@@ -303,6 +303,30 @@ def test_a_distributed_weight_update_shows_in_model_info_and_generation_and_spli
     _assert_updated_under_a_held_request(client, stats, len(tensors), res, old, new, before, greedy)
 
 
+def test_a_bucketed_distributed_update_loads_what_one_whole_update_loads(served, client, tmp_path_factory):
+    """Resharding's road (gyre_hpc/train/reshard.py): several ``/update_weights_from_distributed`` calls inside one
+    begin/end, ``weight_version`` on the last only. The engine serves exactly what one whole update gives."""
+    greedy = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
+    tensors = _other_weights(served.kind, tmp_path_factory.mktemp("other-weights-bucketed"), seed=3)
+    names = list(tensors)
+    third = -(-len(names) // 3)
+    buckets = [{n: tensors[n] for n in names[i:i + third]} for i in range(0, len(names), third)]
+    old = client.weight_version()
+    pusher = WeightPusher(client)
+    try:
+        stats = pusher.push_stream([(b, i == len(buckets) - 1) for i, b in enumerate(buckets)], f"{old}-buckets")
+        bucketed = client.generate(PROMPT, greedy)
+        pusher.push(_other_weights(served.kind, tmp_path_factory.mktemp("other-weights-b2"), seed=4), "other")
+        assert client.generate(PROMPT, greedy).output_ids != bucketed.output_ids  # seed 4 serves otherwise
+        pusher.push(tensors, f"{old}-whole")
+        whole = client.generate(PROMPT, greedy)
+    finally:
+        pusher.close()
+    assert stats["buckets"] == 3 and stats["tensors"] == len(names)
+    assert bucketed.weight_version == f"{old}-buckets" and whole.weight_version == f"{old}-whole"
+    assert bucketed.output_ids == whole.output_ids and bucketed.logprobs == pytest.approx(whole.logprobs, abs=1e-5)
+
+
 # ---------------------------------------------------------------------------------------- tensor weights
 def test_a_tensor_weight_update_shows_in_model_info_and_generation_and_splits_in_flight_spans(
         served, client, tmp_path_factory):
