@@ -16,9 +16,9 @@ Who sends which bytes, when (docs/weights.md)::
     POST /end_weight_update
     POST /continue_generation                  (the held requests go on under the new weights and version)
 
-Buckets (``push_stream``; ``gyre_hpc.train.reshard`` makes them from a TP/PP trainer's shards): the update and broadcast lines
-repeat once per bucket, ``weight_version`` only on the last one, all inside the one paused update; ``push`` is the
-one-bucket case.
+Buckets (``push_stream``; ``gyre_hpc.train.reshard`` makes them from a TP/PP trainer's shards): the update and
+broadcast lines repeat once per bucket, ``weight_version`` only on the last one, all inside the one paused update;
+``push`` is the one-bucket case.
 
 Names are Hugging Face names (``gyre_hpc.train.hf_weights.to_hf``) when the model maps to one (``hf_names``): what
 SGLang needs, and what the local engine maps back. A model with no HF form (LayerNorm, GELU, learned positions)
