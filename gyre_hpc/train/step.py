@@ -273,6 +273,15 @@ class Trainer:
         return push_resharded(self.model, self.model_cfg, pusher, str(self.version if version is None else version),
                               int(self.cfg.weight_bucket_mb * 2**20))
 
+    def publish_weights(self, publisher):
+        """Collective: the full megatron weights into ``publisher``'s transfer buffer (sender: TP 0 of stage 0;
+        None on the other ranks), bucket by bucket (``gyre_hpc.train.reshard.publish_resharded``); returns the
+        descriptor on the sender, None elsewhere."""
+        from gyre_hpc.train.reshard import publish_resharded
+
+        return publish_resharded(self.model, self.model_cfg, publisher, self.version,
+                                 int(self.cfg.weight_bucket_mb * 2**20))[0]
+
     def save_checkpoint(self, path: str | Path) -> Path:
         """Write model, optimizer and version to the directory ``path`` atomically."""
         from megatron.core import parallel_state as ps
