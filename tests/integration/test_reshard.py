@@ -70,9 +70,19 @@ def _tp2_rank(rank: int, port: int, url: str, queue) -> None:
     greedy = [int(logp[len(PROMPT) - 1 + i].argmax()) for i in range(len(out_ids))]
     every = [None, None]
     dist.all_gather_object(every, {k: stats[k] for k in ("buckets", "max_bucket_bytes")})
+    from gyre_hpc.config import TransferConfig
+    from gyre_hpc.transfer import make_publisher, make_puller
+
+    transfer = TransferConfig(backend="inprocess")
+    publisher = make_publisher(transfer) if rank == 0 else None
+    desc = trainer.publish_weights(publisher)  # the Mooncake road, same buckets, megatron names
     if rank == 0:
+        with make_puller(transfer) as puller:
+            pulled = puller.pull(desc)[0]
+            published = list(pulled) == list(full) and all(np.array_equal(pulled[k], full[k].numpy()) for k in full)
+        publisher.close()
         pusher.close()
-        queue.put({"engine": tokens[0], "mine": mine, "greedy": greedy, "ranks": every, "push": stats,
+        queue.put({"published": published, "engine": tokens[0], "mine": mine, "greedy": greedy, "ranks": every, "push": stats,
                    "checksum": weights_checksum(full), "before": before,
                    "model_bytes": sum(v.numel() * v.element_size() for v in full.values())})
     dist.barrier()
@@ -91,6 +101,7 @@ def test_tp2_trainer_streams_sub_layer_buckets_into_a_real_engine_whose_logprobs
     got, codes = spawn_ranks(_tp2_rank, [(r, port, engine.url) for r in range(2)], timeout=600)
     assert codes == [0, 0]
     (out_ids, engine_logp, checksum, version), push = got["engine"], got["push"]
+    assert got["published"]  # the bucketed publish pulls back exactly the gathered weights
     assert got["before"] != got["checksum"] == checksum and version == "1"  # the engine holds the trainer's weights
     assert out_ids == got["greedy"]
     assert np.max(np.abs(np.array(engine_logp) - np.array(got["mine"]))) < 1e-4  # float rounding (fp32 forward)
