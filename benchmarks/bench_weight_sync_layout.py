@@ -50,7 +50,8 @@ def _rank(rank: int, world: int, tp: int, pp: int, port: int, urls: dict, models
     torch.set_num_threads(1)
     from gyre_hpc.engines.client import EngineClient
     from gyre_hpc.engines.weight_sync import WeightPusher
-    from gyre_hpc.train.reshard import init_layout, push_resharded, stage_model
+    from gyre_hpc.train.reshard import push_resharded
+    from gyre_hpc.train.stages import init_layout, stage_model
 
     init_layout(world, rank, tp, pp, port)
     out = {}

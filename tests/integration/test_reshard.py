@@ -117,7 +117,8 @@ def _pp2_rank(rank: int, port: int, full: dict, queue) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    from gyre_hpc.train.reshard import ReshardStats, init_layout, iter_buckets, load_stage, stage_model
+    from gyre_hpc.train.reshard import ReshardStats, iter_buckets
+    from gyre_hpc.train.stages import init_layout, load_stage, stage_model
 
     cfg = ModelConfig(layers=4, **MODEL)
     init_layout(2, rank, tp=1, pp=2, port=port)
