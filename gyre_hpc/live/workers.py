@@ -49,6 +49,7 @@ COLLECTIVE = ("group_grads_full", "apply_grads", "load_weights", "export_weights
               "load_checkpoint", "set_version")
 POLL_MAX_S = 0.02  # longest back-off between two polls of an idle worker
 STOP_WAIT_S = 30.0  # how long a leader waits for its workers' reports at the end
+STORE_TIMEOUT_S = 600.0  # how long the cell's workers may take to meet (a loaded machine starts slowly)
 
 
 @dataclass(frozen=True)
@@ -142,14 +143,17 @@ class Orders:
             self.comm.send((method, args, kwargs), dest=dest, tag=ORDER)
         self.sent += 1
 
-    def geometry(self) -> Geometry:
-        """Where the cell's torch.distributed world meets: a free port on the leader's host."""
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        host = socket.gethostname()
-        address = "127.0.0.1" if self.one_host else _address(host)
-        return Geometry(self.size, self.cluster.tensor_parallel, address, port, self.one_host)
+    def meeting(self) -> tuple[Geometry, Any]:
+        """Where the cell's torch.distributed world meets, and its store: the leader hosts a TCP store on a port
+        the system gives it (bound before anyone is told of it, so no other process can take it meanwhile)."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        address = "127.0.0.1" if self.one_host else _address(socket.gethostname())
+        store = dist.TCPStore(address, 0, self.size, True, timedelta(seconds=STORE_TIMEOUT_S),
+                              wait_for_workers=False)
+        return Geometry(self.size, self.cluster.tensor_parallel, address, store.port, self.one_host), store
 
     def stop(self) -> list[WorkerReport]:
         """Tell every worker to return; their reports, in worker order (a worker that never answers: none)."""
@@ -218,21 +222,26 @@ def build_trainer(model, train, seed: int, clock: Clock | None, orders: Orders |
     if orders is None or orders.size == 1:
         init_parallel(seed=seed)
         return Trainer(model, train, seed, clock=clock)
-    geo = orders.geometry()
+    geo, store = orders.meeting()
     orders.send("init", model, train, seed, geo)
-    _join(geo, 0, seed)
+    _join(geo, 0, seed, store)
     return MirroredTrainer(Trainer(model, train, seed, clock=clock), orders)
 
 
-def _join(geo: Geometry, worker: int, seed: int) -> None:
+def _join(geo: Geometry, worker: int, seed: int, store: Any = None) -> None:
+    """Join the cell's torch.distributed world (the leader passes the store it hosts; a worker connects to it)."""
     import os
+    from datetime import timedelta
+
+    import torch.distributed as dist
 
     from gyre_hpc.train.model import init_parallel
 
     if geo.loopback:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    init_parallel(world_size=geo.size, rank=worker, tensor_parallel=geo.tp, master_port=geo.port,
-                  master_addr=geo.address, seed=seed)
+    if store is None:
+        store = dist.TCPStore(geo.address, geo.port, geo.size, False, timedelta(seconds=STORE_TIMEOUT_S))
+    init_parallel(world_size=geo.size, rank=worker, tensor_parallel=geo.tp, seed=seed, store=store)
 
 
 def follow(comm: Any, clock: Clock | None = None) -> WorkerReport:

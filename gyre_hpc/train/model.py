@@ -25,9 +25,10 @@ from gyre_hpc.train import cpu_compat
 
 def init_parallel(
     world_size: int = 1, rank: int = 0, tensor_parallel: int = 1, master_port: int | None = None, seed: int = 0,
-    master_addr: str = "127.0.0.1",
+    master_addr: str = "127.0.0.1", store=None,
 ) -> None:
-    """Join a ``world_size`` process group met at ``master_addr:master_port`` and build megatron's groups (TP
+    """Join a ``world_size`` process group met at ``master_addr:master_port`` (or through ``store``, a
+    torch.distributed store the caller made: no port to race for) and build megatron's groups (TP
     ``tensor_parallel``; data parallel: the rest)."""
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -44,7 +45,9 @@ def init_parallel(
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        if world_size == 1 and master_port is None:
+        if store is not None:
+            dist.init_process_group(backend, store=store, world_size=world_size, rank=rank)
+        elif world_size == 1 and master_port is None:
             # a one-process world needs no rendezvous: an in-memory store binds no port (no EADDRINUSE races)
             dist.init_process_group(backend, store=dist.HashStore(), world_size=1, rank=0)
         else:

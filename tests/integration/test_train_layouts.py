@@ -8,14 +8,14 @@ import pytest
 
 from train_batches import fork_pair
 
-pytestmark = [pytest.mark.megatron, pytest.mark.slow]
+pytestmark = [pytest.mark.megatron, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 GROUPS_A = [(2, 5, [3, 4, 2], 1.0), (1, 6, [2, 5], -0.5)]  # two tree rows: DP 2 gives each replica one
 GROUPS_B = [(3, 4, [6], 0.7)]
 MODEL = dict(heads=4, kv_heads=2)
 
 
-def core_step(rank: int, world: int, tp: int, port: int, remote: dict | None, ckpt: str | None, queue) -> None:
+def core_step(rank: int, world: int, tp: int, meet: str, remote: dict | None, ckpt: str | None, queue) -> None:
     """One core step on this rank of a ``world``-worker cell with TP ``tp``: group A here (and group B here too,
     or ``remote``: group B's (z, loss, whole-model gradients) from a satellite); then a checkpoint into ``ckpt``."""
     import torch
@@ -25,8 +25,10 @@ def core_step(rank: int, world: int, tp: int, port: int, remote: dict | None, ck
     from gyre_hpc.train.model import init_parallel
     from gyre_hpc.train.step import Trainer
 
-    if world > 1:
-        init_parallel(world_size=world, rank=rank, tensor_parallel=tp, master_port=port)
+    if world > 1:  # a file store: no port to race other processes for
+        import torch.distributed as dist
+
+        init_parallel(world_size=world, rank=rank, tensor_parallel=tp, store=dist.FileStore(meet, world))
     else:
         init_parallel()
     trainer = Trainer(ModelConfig(**MODEL), TrainConfig(lr=1e-2, micro_batch_tokens=8), seed=0)
@@ -93,7 +95,7 @@ def reference():
     import torch.multiprocessing as mp
 
     queue = mp.get_context("spawn").Queue()
-    proc = mp.get_context("spawn").Process(target=core_step, args=(0, 1, 1, 0, None, None, queue))
+    proc = mp.get_context("spawn").Process(target=core_step, args=(0, 1, 1, "", None, None, queue))
     proc.start()
     try:
         got = queue.get(timeout=600)
@@ -117,10 +119,8 @@ def assert_same_step(got: dict, ref: dict) -> None:
 @pytest.mark.parametrize("world, tp", [(2, 1), (4, 2)], ids=["dp2", "tp2xdp2"])
 def test_a_cell_of_workers_takes_the_step_of_one_worker_and_its_checkpoint_resumes_on_one(
         spawn_ranks, reference, world, tp, tmp_path):
-    from gyre_hpc.train.model import _free_port
-
-    port, ckpt = _free_port(), str(tmp_path / "ckpt")
-    got, codes = spawn_ranks(core_step, [(r, world, tp, port, None, ckpt) for r in range(world)], timeout=600)
+    meet, ckpt = str(tmp_path / "store"), str(tmp_path / "ckpt")
+    got, codes = spawn_ranks(core_step, [(r, world, tp, meet, None, ckpt) for r in range(world)], timeout=600)
     assert codes == [0] * world
     assert got["shapes"] == reference["shapes"]  # whole-model shapes, whatever the layout
     assert_same_step(got, reference)
@@ -132,11 +132,9 @@ def test_a_cell_of_workers_takes_the_step_of_one_worker_and_its_checkpoint_resum
         assert np.allclose(resumed["moments"][k], v, rtol=1e-4, atol=1e-9), k
 
 
-def test_a_core_under_tp2_sums_a_one_worker_satellites_gradients_exactly(spawn_ranks, reference):
-    from gyre_hpc.train.model import _free_port
-
-    port = _free_port()
-    got, codes = spawn_ranks(core_step, [(r, 2, 2, port, reference["satellite"], None) for r in range(2)],
+def test_a_core_under_tp2_sums_a_one_worker_satellites_gradients_exactly(spawn_ranks, reference, tmp_path):
+    meet = str(tmp_path / "store")
+    got, codes = spawn_ranks(core_step, [(r, 2, 2, meet, reference["satellite"], None) for r in range(2)],
                              timeout=600)
     assert codes == [0, 0]
     assert_same_step(got, reference)
