@@ -39,6 +39,7 @@ import yaml
 from gyre_hpc import resume
 from gyre_hpc.allocator import batches
 from gyre_hpc.allocator.eventlog import EventLog, read_events
+from gyre_hpc.allocator.roles import role_share
 from gyre_hpc.allocator.messages import TrainProgress
 from gyre_hpc.allocator.policies import make_policy
 from gyre_hpc.allocator.server import AllocatorServer
@@ -349,7 +350,8 @@ def _summary(cfg: GyreConfig, run_dir: Path, stop: dict, steps: list[dict], roll
     rewards = [s["reward"] for s in steps if s.get("reward") is not None]
     lag_tokens = sum(s["lag_tokens"] for s in steps)
     proxy = end.get("proxy", {})
-    events = [e["event"] for e in read_events(run_dir / cfg.allocator.events_file)]
+    records = read_events(run_dir / cfg.allocator.events_file)
+    events = [e["event"] for e in records]
     statuses = [s for g in rollouts.groups for s in g["statuses"]]
     loss = dataloss.summary(rollouts.groups)
     return {
@@ -382,6 +384,7 @@ def _summary(cfg: GyreConfig, run_dir: Path, stop: dict, steps: list[dict], roll
         **{f"staleness_{part}_{stat}": _staleness(steps, f"staleness_{part}_{stat}")
            for part in ("prequeue", "inqueue") for stat in ("mean", "max")},
         **agreement.combine(steps),  # train-inference logprob agreement over every step's first forwards
+        "role_share": role_share(records, cfg.cluster.cells),  # of cell-time: roles.png's title (loading = restarts)
         "switch_s": {d: _median([s[f"{d}_s"] for s in switches if f"{d}_s" in s])
                      for d in ("total", "drain", "engine_stop", "engine_sleep", "weight_pull", "engine_start",
                                "engine_wake")},

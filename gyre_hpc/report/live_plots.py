@@ -19,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from gyre_hpc.allocator.roles import role_spans  # noqa: E402,F401 (replay_plots imports it from here)
 from gyre_hpc.io import atomic_write_bytes  # noqa: E402
 
 COLORS = {"rollout": "#4c9be8", "train": "#e8804c", "draining": "#bbbbbb", "loading": "#888888",
@@ -32,30 +33,6 @@ def save_png(fig, path: Path) -> Path:
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     return atomic_write_bytes(path, buf.getvalue())
-
-
-def role_spans(events: Sequence[dict], cells: int) -> list[list[tuple[float, float, str]]]:
-    """Per cell, (start, end, role) spans from the allocator's event log."""
-    start = next((e for e in events if e["event"] == "start"), {"roles": ["rollout"] * cells, "t": 0.0})
-    end_t = max((e["t"] for e in events), default=0.0)
-    role = list(start["roles"])
-    since = [start["t"]] * cells
-    spans: list[list] = [[] for _ in range(cells)]
-
-    def move(c: int, t: float, new: str) -> None:
-        spans[c].append((since[c], t, role[c]))
-        role[c], since[c] = new, t
-
-    for e in events:
-        if e["event"] == "order" and e.get("order") == "switch":
-            move(e["cell"], e["t"], "draining" if e["target"] == "train" else "loading")
-        elif e["event"] == "switch_done":
-            move(e["cell"], e["t"], e["role"])
-        elif e["event"] == "lost":
-            move(e["cell"], e["t"], "lost")
-    for c in range(cells):
-        spans[c].append((since[c], end_t, role[c]))
-    return spans
 
 
 def role_timeline(events: Sequence[dict], cells: int, path: Path) -> Path:
