@@ -13,6 +13,8 @@ Invariants (tests/unit/test_auth.py)
 - Comparisons are constant-time (``hmac.compare_digest``); a missing, malformed or wrong token grants nothing.
 - A run key grants exactly the run it names; changing the run id or the mac invalidates it.
 - ``write_secret`` leaves a file readable by its owner only (mode 0600), also when the file existed before.
+- ``refusal`` (the message of every 401) never contains the secret or a valid key; where run keys are accepted
+  it says how to get one, and names the run of a run key this server did not make.
 """
 from __future__ import annotations
 
@@ -110,3 +112,17 @@ def grant(header: str | None, secret: str, run_keys: bool = False) -> Grant | No
         if run_id and hmac.compare_digest(mac.encode(), _mac(secret, run_id).encode()):
             return Grant(run_id)
     return None
+
+
+def refusal(header: str | None, run_keys: bool = False) -> str:
+    """The message of a 401 for the ``Authorization`` header value ``header`` that ``grant`` refused."""
+    if not run_keys:
+        return "missing or wrong credentials: send Authorization: Bearer <job secret>"
+    how = ("`gyre serve CONFIG --run RUN_ID` prints a run's lines to paste (export OPENAI_BASE_URL=... and "
+           "export OPENAI_API_KEY=...); an agent of a `gyre train` job is given its run's key as OPENAI_API_KEY")
+    token = token_of(header) or ""
+    run_id = token[len(_RUN_PREFIX):].rpartition(".")[0] if token.startswith(_RUN_PREFIX) else ""
+    if run_id:
+        return (f"unknown key for run {run_id!r}: this server did not make it (a key of another server, or of "
+                f"an earlier `gyre serve`, does not work here); get this server's key: {how}")
+    return f"missing or wrong credentials: send Authorization: Bearer <run key>; to get a key: {how}"

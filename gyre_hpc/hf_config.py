@@ -26,6 +26,8 @@ Invariants
   ``UnsupportedModelError`` naming the value and the supported architectures.
 - ``hf_config_dict(model_fields(c), arch)`` keeps every key of the table: mapping back and forth is the identity
   on the fields above.
+- ``yield_to_checkpoint`` drops exactly the fields whose values differ from the checkpoint's, so the section it
+  returns builds with ``hf_path`` without a conflict (tests/unit/test_hf_config.py).
 """
 from __future__ import annotations
 
@@ -164,3 +166,23 @@ def resolve_fields(cfg: Any) -> dict[str, Any]:
             raise ConfigError(f"model.{key}: {have!r} conflicts with model.hf_path's config.json ({value!r}); "
                               f"leave it unset when model.hf_path is set")
     return {**fields, "hf_path": str(path)}
+
+
+def yield_to_checkpoint(model: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A raw ``model`` config section (before it is built) whose ``hf_path`` names a readable checkpoint, less each
+    architecture field whose value differs from that checkpoint's config.json (which then applies), and one
+    ``"key: config V -> checkpoint W"`` note per field dropped. For commands that only serve a checkpoint (``gyre
+    serve``): the config's model fields describe a model to build, and a served checkpoint is already built.
+    Without ``hf_path``, or with one that cannot be read, ``model`` comes back unchanged (building it reports)."""
+    out = dict(model)
+    if not out.get("hf_path"):
+        return out, []
+    try:
+        fields = model_fields(read_config(Path(str(out["hf_path"])).expanduser().resolve()))
+    except (UnsupportedModelError, KeyError, TypeError, ValueError):
+        return out, []
+    notes = []
+    for key, value in fields.items():
+        if key in out and out[key] != value:
+            notes.append(f"{key}: config {out.pop(key)!r} -> checkpoint {value!r}")
+    return out, notes

@@ -171,7 +171,8 @@ class Guard:
         headers = dict(scope["headers"])
         grant = auth.grant(headers.get(b"authorization", b"").decode("latin-1"), self.secret, self.run_keys)
         if grant is None:
-            return await _refuse(send, 401, "missing or wrong credentials: send Authorization: Bearer <job secret>")
+            return await _refuse(send, 401, auth.refusal(headers.get(b"authorization", b"").decode("latin-1"),
+                                                         self.run_keys))
         if not grant.job and scope["path"] not in RUN_ROUTES and not scope["path"].startswith(RUN_PREFIXES):
             return await _refuse(send, 403, f"a run key may call only {', '.join(RUN_ROUTES)} and its own run's "
                                             f"OpenAI endpoint (/runs/RUN/v1/...)")

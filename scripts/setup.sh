@@ -14,6 +14,7 @@ if ! dpkg -s libibverbs1 >/dev/null 2>&1; then
   apt-get install -y -qq --no-install-recommends libibverbs1 >/dev/null   # Mooncake imports it even for TCP
 fi
 command -v patch >/dev/null || { apt-get update -qq && apt-get install -y -qq patch >/dev/null; }  # gyre tasks check
+command -v curl >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends curl ca-certificates >/dev/null; }  # README serve example, tests/integration/test_serve.py
 bash scripts/local-slurm.sh install                                          # slurm, munge, pmix, openmpi-bin
 python -m pip install -q torch==2.13.0
 python -m pip install -q --only-binary=mpi4py "mpi4py>=4.1"                  # the wheel; never a source build

@@ -55,3 +55,14 @@ def test_the_secret_file_is_readable_by_its_owner_only_even_if_it_existed_wider(
     os.chmod(path, 0o644)
     assert auth.write_secret(tmp_path, SECRET) == path
     assert path.read_text() == SECRET and stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_a_refusal_says_how_to_get_a_key_and_names_a_foreign_run_key_without_echoing_it():
+    foreign = auth.run_key("another servers secret", "agent-7")
+    message = auth.refusal(f"Bearer {foreign}", run_keys=True)
+    assert auth.grant(f"Bearer {foreign}", SECRET, run_keys=True) is None
+    assert "'agent-7'" in message and "gyre serve CONFIG --run RUN_ID" in message
+    assert foreign not in message and SECRET not in message
+    for header in (None, "Bearer wrong", "Basic x"):
+        assert "export OPENAI_API_KEY" in auth.refusal(header, run_keys=True)
+    assert auth.refusal("Bearer wrong") == "missing or wrong credentials: send Authorization: Bearer <job secret>"

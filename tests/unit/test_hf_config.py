@@ -89,3 +89,23 @@ def test_without_hf_path_the_model_fields_are_as_written():
     cfg = ModelConfig()
     assert (cfg.hf_path, cfg.head_dim, cfg.qk_layernorm, cfg.qkv_bias, cfg.norm_eps) == (None, None, False, False, 1e-5)
     assert SUPPORTED == ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+def test_yield_to_checkpoint_drops_exactly_the_conflicting_fields_so_the_section_builds(tmp_path):
+    from pathlib import Path
+
+    from gyre_hpc.config import GyreConfig, apply_overrides, build, read_yaml
+    from gyre_hpc.hf_config import yield_to_checkpoint
+
+    path = model_dir(tmp_path, QWEN3)  # configs/local.yaml's model but vocab 1024, head_dim 32, tied
+    data = apply_overrides(read_yaml(Path(__file__).parents[2] / "configs" / "local.yaml"),
+                           [f"model.hf_path={path}"])
+    with pytest.raises(ConfigError, match="vocab_size: 512 conflicts"):
+        build(GyreConfig, data)
+    model, notes = yield_to_checkpoint(data["model"])
+    assert notes == ["vocab_size: config 512 -> checkpoint 1024"]
+    assert {k for k in data["model"] if k not in model} == {"vocab_size"}
+    cfg = build(GyreConfig, {**data, "model": model})
+    assert (cfg.model.vocab_size, cfg.model.hidden, cfg.model.head_dim) == (1024, 64, 32)
+    assert yield_to_checkpoint({"hidden": 8}) == ({"hidden": 8}, [])  # no hf_path: unchanged
+    assert yield_to_checkpoint({"hf_path": str(tmp_path / "none"), "hidden": 8})[1] == []  # building reports
