@@ -336,8 +336,9 @@ class EngineConfig:
     sleep_in_training: bool = param(
         False, "A cell that switches to training puts its engine to sleep (/release_memory_occupation) instead of "
                "stopping it, and wakes it (/resume_memory_occupation, then the newest weights) when it returns: a "
-               "training->rollout switch without an engine start. Real SGLang needs --enable-memory-saver "
-               "(engine.sglang_args).")
+               "training->rollout switch without an engine start. Real SGLang on a GPU gets --enable-memory-saver for it "
+               "(needs the torch_memory_saver package); on cpu SGLang's release/resume are no-ops: the server stays "
+               "alive, holding its memory, and the way back is a wake and a weight load, not a cold start.")
     device_tick_s: float = param(
         0.0, "Emulated accelerator (local engine): a decode tick over n running requests lasts at least "
              "device_tick_s x (1 + n / device_half_load) seconds; the engine sleeps the rest, leaving the CPU to "

@@ -245,7 +245,9 @@ def sglang_command(engine_cfg: EngineConfig, port: int, device: str = "cuda",
     """``sglang.launch_server`` for ``engine.model_path`` (an HF-format model directory), token ids in/out; on
     ``device`` cpu with ``--device cpu`` and ``--max-total-tokens`` (default max_running_requests x context_len);
     ``--sleep-on-idle`` as ``engine.sglang_sleep_on_idle`` says (null: on cpu only; an idle scheduler otherwise
-    spins a whole core per server); ``config_path`` (``sglang_secret_config``) carries the API key."""
+    spins a whole core per server); ``--enable-memory-saver`` with ``engine.sleep_in_training`` off the cpu (SGLang
+    frees GPU memory at /release_memory_occupation only with it; on cpu the call is a no-op either way);
+    ``config_path`` (``sglang_secret_config``) carries the API key."""
     if engine_cfg.model_path is None:
         raise EngineError("engine.kind=sglang needs engine.model_path (an HF-format model directory)")
     secret = ["--config", str(config_path)] if config_path is not None else []
@@ -263,6 +265,8 @@ def sglang_command(engine_cfg: EngineConfig, port: int, device: str = "cuda",
     sleep = engine_cfg.sglang_sleep_on_idle
     if sleep or (sleep is None and device == "cpu"):
         cmd += ["--sleep-on-idle"]
+    if engine_cfg.sleep_in_training and device != "cpu" and "--enable-memory-saver" not in engine_cfg.sglang_args:
+        cmd += ["--enable-memory-saver"]  # else /release_memory_occupation frees nothing on a GPU (a no-op adapter)
     return [*cmd, *engine_cfg.sglang_args]
 
 

@@ -277,3 +277,17 @@ def test_client_reads_both_error_shapes_sglang_and_local_engine_answer_with():
 
     assert _error_message(httpx.Response(400, json={"error": "unknown field `knob`"})) == "unknown field `knob`"
     assert _error_message(httpx.Response(400, json={"error": {"message": "input_ids: bad"}})) == "input_ids: bad"
+
+
+def test_sglang_sleeping_through_training_gets_the_memory_saver_on_a_gpu_only():
+    from gyre_hpc.config import EngineConfig
+    from gyre_hpc.engines.launch import sglang_command
+
+    def cmd(device: str, **kw) -> list[str]:
+        return sglang_command(EngineConfig(kind="sglang", model_path="/m", **kw), 30001, device)
+
+    assert "--enable-memory-saver" in cmd("cuda", sleep_in_training=True)
+    assert "--enable-memory-saver" not in cmd("cpu", sleep_in_training=True)  # release/resume are no-ops on cpu
+    assert "--enable-memory-saver" not in cmd("cuda", sleep_in_training=False)
+    given = cmd("cuda", sleep_in_training=True, sglang_args=("--enable-memory-saver",))
+    assert given.count("--enable-memory-saver") == 1
