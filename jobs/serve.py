@@ -135,6 +135,11 @@ def load_serving_config(path: str, overrides: list[str]) -> GyreConfig:
     config.json are dropped with one note on stderr, not a conflict error (serving builds no model; a
     `gyre model init` directory with any arguments serves under any shipped config)."""
     data = apply_overrides(resolve_relative(read_yaml(path), Path(path).resolve().parent), overrides)
+    hf_path = data.get("model", {}).get("hf_path") if isinstance(data.get("model"), dict) else None
+    if hf_path and not (Path(str(hf_path)).expanduser() / "config.json").is_file():
+        raise ConfigError(f"model.hf_path: {hf_path} is not a model directory yet; make one with "
+                          f"`gyre model init --arch qwen3 --out {hf_path}` (the config's comments name its --context), "
+                          f"then run this again")
     if isinstance(data.get("model"), dict):
         data["model"], notes = yield_to_checkpoint(data["model"])
         if notes:
