@@ -49,6 +49,22 @@ def test_gyre_switches_both_ways_pulls_weights_and_loses_no_run(gyre_run):
     assert 0 <= summary["staleness_mean"] <= summary["staleness_max"]
 
 
+def test_the_default_jobs_summary_counts_moves_by_kind_and_role_shares(gyre_run):
+    """configs/local.yaml's engines have the paged KV cache (issue 31): moves try the KV path first (never a
+    fallback for want of a cache), ``moves_by_kind`` adds up to the moves, engines report prefix hits, and
+    ``role_share`` is the role timeline's split of cell-time."""
+    summary, run_dir, _ = gyre_run
+    kinds = summary["moves_by_kind"]
+    assert set(kinds) == {"kv", "reprefill"} and kinds["kv"] + kinds["reprefill"] == summary["calls_moved"]
+    assert (kinds["kv"] >= 1) == (summary["runs_moved_kv"] >= 1) and summary["runs_moved_kv"] <= summary["runs_moved"]
+    fallbacks = [e for e in read_events(run_dir / "proxy-events.jsonl") if e["event"] == "kv_fallback"]
+    assert not [e for e in fallbacks if e["reason"] == "no_kv_cache"], fallbacks[:3]
+    assert summary["prefix_hit_rate"] > 0  # two-turn runs: the second call hits its first call's blocks
+    share = summary["role_share"]
+    assert set(share) == {"rollout", "train", "draining", "loading", "lost"}
+    assert sum(share.values()) == pytest.approx(1.0, abs=1e-3) and share["rollout"] > share["loading"]
+
+
 def test_the_simulator_replays_the_run_and_predicts_its_span(gyre_run, capsys):
     # The replay gets the run's own durations, training and switch costs, so what is left is what the model
     # leaves out (live polling latencies, whole-group vs fluid training, hub hand-off order). On the loaded

@@ -35,7 +35,8 @@ CELLS = 4
 SHORT = ["allocator.steps=2", "scheduler.batch_groups=2", "agent.runs_per_group=4", "agent.turns=[1, 2]",
          "agent.timeout_s=120", "allocator.hello_timeout_s=600", "engine.startup_timeout_s=600",
          "scheduler.mu=1", "train.epochs=1",  # one step per burst: the core goes back to rollout in 2 steps
-         "engine.sleep_in_training=true"]  # no engine restart per switch (CPU); restarts: test_live_training
+         "engine.sleep_in_training=true",  # no engine restart per switch (CPU); restarts: test_live_training
+         "engine.kv_cache=false"]  # as written: configs/local_4node.yaml turned it on (issue 31)
 RUN_TIMEOUT_S = 900  # a loaded 2-core machine shared with other work (the run itself is ~2-4 min when quiet)
 
 

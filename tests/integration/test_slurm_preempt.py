@@ -36,7 +36,9 @@ CONFIG = "configs/local_4node.yaml"
 OVERRIDES = ["cluster.cells=2", f"allocator.steps={STEPS}", "scheduler.policy=async", "scheduler.async_train_cells=1",
              "scheduler.batch_groups=2", "agent.runs_per_group=2", "agent.turns=[1, 2]", "agent.timeout_s=120",
              "allocator.hello_timeout_s=600", "allocator.heartbeat_timeout_s=300", "proxy.startup_timeout_s=180",
-             "engine.startup_timeout_s=600", "agent.tool_time_median_s=1.0"]  # steps seconds apart even when quiet
+             "engine.startup_timeout_s=600", "agent.tool_time_median_s=1.0",  # steps seconds apart even when quiet
+             "engine.kv_cache=false", "engine.sleep_in_training=false"]  # the engine this was written against (the
+             # configs turned both on in issue 31; tests/integration/test_preempt_resume.py pins them alike)
 TIMEOUT_S = 900
 KEYS = ("version", "steps_done", "trained_batches", "lag_sum", "window", "buffer", "next_gid")
 

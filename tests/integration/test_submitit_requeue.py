@@ -31,7 +31,8 @@ STEPS = 3
 LIVE = {"cluster.cells": 2, "allocator.steps": STEPS, "scheduler.policy": "async", "scheduler.async_train_cells": 1,
         "scheduler.batch_groups": 2, "agent.runs_per_group": 2, "agent.turns": [1, 2], "agent.timeout_s": 120,
         "allocator.hello_timeout_s": 600, "allocator.heartbeat_timeout_s": 300, "proxy.startup_timeout_s": 180,
-        "engine.startup_timeout_s": 600, "agent.tool_time_median_s": 1.0}
+        "engine.startup_timeout_s": 600, "agent.tool_time_median_s": 1.0,
+        "engine.kv_cache": False, "engine.sleep_in_training": False}  # as written (configs: both on, issue 31)
 TIMEOUT_S = 900
 
 
