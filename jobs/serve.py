@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from gyre_hpc.engines.launch import start_engine_on_free_port
     from gyre_hpc.proxy.client import ProxyClient
     from gyre_hpc.proxy.launch import start_proxy
+    from gyre_hpc.proxy.routing import ProxyError
 
     cfg = load_serving_config(args.config, args.overrides)
     if args.engines < 1:
@@ -111,10 +112,16 @@ def run(args: argparse.Namespace) -> int:
               f"(another run's key: gyre serve ... --run RUN_ID, or gyre_hpc.auth.run_key(SECRET, RUN_ID))",
               flush=True)
         deadline = None if args.duration_s is None else time.monotonic() + args.duration_s
-        with ProxyClient(proxy.url, timeout=60.0) as client:
+        with ProxyClient(proxy.url, timeout=300.0) as client:
             while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 stop.wait(args.flush_s if deadline is None else min(args.flush_s, max(deadline - time.monotonic(), 0)))
-                client.flush_tito("tito.jsonl")  # into proxy.tito_dir = out
+                try:
+                    client.flush_tito("tito.jsonl")  # into proxy.tito_dir = out
+                except ProxyError as exc:  # a busy proxy on a loaded machine: the records wait for the next flush
+                    if not stop.is_set():
+                        print(f"gyre serve: warning: TITO flush failed, retried in {args.flush_s:g} s: {exc}",
+                              file=sys.stderr, flush=True)
+            client.flush_tito("tito.jsonl")  # the last one: every record of the calls answered so far
             stats = client.stats()
         print(json.dumps({"tito": str(out / "tito.jsonl"), "calls_done": stats.get("calls_done", 0)}), flush=True)
         return 0

@@ -27,6 +27,7 @@ OVERRIDES = [
     "agent.runs_per_group=4", "agent.turns=[2, 3]", "agent.timeout_s=120", "run.name=faults",
     # a loaded 2-core machine starts processes slowly; nothing here depends on a quick heartbeat timeout
     "allocator.hello_timeout_s=300", "proxy.startup_timeout_s=300", "allocator.heartbeat_timeout_s=300",
+    "engine.kv_cache=false", "engine.sleep_in_training=false",  # as written (the configs: both on, issue 31)
 ]
 
 

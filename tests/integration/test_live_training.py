@@ -19,6 +19,8 @@ OVERRIDES = [
     "cluster.cells=3", "scheduler.policy=colocate", "scheduler.batch_groups=2", "allocator.steps=2",
     "agent.runs_per_group=4", "agent.turns=[1, 2]", "agent.timeout_s=120", "run.name=ci",
     "allocator.hello_timeout_s=300", "proxy.startup_timeout_s=300", "train.epochs=2",
+    "engine.sleep_in_training=false",  # engines stop and start at each switch: this file tests that path (the
+    # default since issue 31 is to sleep: test_live_sleep, test_live_gyre)
 ]
 
 

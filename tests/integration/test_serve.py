@@ -132,7 +132,8 @@ def test_a_newcomer_pastes_the_printed_lines_and_curls_a_chat_call_with_tools_in
         foreign = auth.run_key("another server's secret", "run0")
         refused, code = call(pasted + f"export OPENAI_API_KEY={foreign}\n" + curl)
         assert code == 401
-        assert "'run0'" in refused["error"]["message"] and "gyre serve CONFIG --run RUN_ID" in refused["error"]["message"]
+        message = refused["error"]["message"]
+        assert "'run0'" in message and "gyre serve CONFIG --run RUN_ID" in message
     finally:
         proc.send_signal(signal.SIGTERM)
         rest, _ = proc.communicate(timeout=120)
