@@ -251,11 +251,12 @@ def preflight(cfg: GyreConfig, nodes: Sequence[str] | None = None, gpus_on_node:
 def geometry_problems(c: ClusterConfig, m: ModelConfig, e: EngineConfig) -> list[str]:
     """What in the parallel layout the model or the engines cannot take, one line each (empty: it fits)."""
     tp, pp = c.tensor_parallel, c.pipeline_parallel
-    out = [f"cluster.tensor_parallel={tp} does not divide model.{key}={getattr(m, key)}: every tensor-parallel "
-           f"rank holds whole {what}; use a divisor of {getattr(m, key)}"
+    sizes = {"heads": m.heads, "kv_heads": m.heads if m.kv_heads is None else m.kv_heads, "vocab_size": m.vocab_size}
+    out = [f"cluster.tensor_parallel={tp} does not divide model.{key}={sizes[key]}: every tensor-parallel rank "
+           f"holds whole {what}; use a divisor of {sizes[key]}"
            for key, what in (("heads", "attention heads"), ("kv_heads", "key/value head groups"),
                              ("vocab_size", "vocabulary rows (pad model.vocab_size to a multiple of it)"))
-           if getattr(m, key) % tp]
+           if sizes[key] % tp]
     if m.layers % pp:
         out.append(f"cluster.pipeline_parallel={pp} does not divide model.layers={m.layers}: every stage holds "
                    f"whole layers")

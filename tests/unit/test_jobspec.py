@@ -23,7 +23,8 @@ def test_training_job_is_one_pmix_world_of_one_plus_k_tasks_placed_by_a_hostfile
     assert (p["nodes"], p["tasks_per_node"], p["timeout_min"], p["name"]) == (3, 1, 15, "gyre_local")
     setup = "\n".join(p["slurm_setup"])
     assert all(f"export {e}" in setup for e in LOCAL_EXPORTS + ("OMP_NUM_THREADS=1",))
-    assert "for ((k = 0; k < 3; k++))" in setup and "> /runs/r1/hostfile-\"$SLURM_JOB_ID\"" in setup
+    assert 'for N in "${NODES[@]}"; do for ((w = 0; w < 1; w++)); do echo "$N"' in setup
+    assert "> /runs/r1/hostfile-\"$SLURM_JOB_ID\"" in setup
     assert setup.splitlines()[-1] == 'export SLURM_HOSTFILE=/runs/r1/hostfile-"$SLURM_JOB_ID"'
 
 
@@ -67,12 +68,12 @@ def test_state_words_are_slurms_on_both_executors():
     assert normal_state("RUNNING", "local") == "RUNNING"
 
 
-def test_a_rank_refuses_a_world_that_is_not_one_plus_k_mpi_ranks():
-    check_world(2, 4, 2, 4, cells=3)
-    with pytest.raises(LayoutError, match="4 tasks but 1 allocator \\+ cluster.cells=4"):
-        check_world(0, 4, 0, 4, cells=4)
+def test_a_rank_refuses_a_world_that_is_not_the_layouts():
+    check_world(2, 4, 2, 4, world_size=4)
+    with pytest.raises(LayoutError, match="4 tasks but the layout needs 5"):
+        check_world(0, 4, 0, 4, world_size=5)
     with pytest.raises(LayoutError, match="submitit says rank 2 of 4 but MPI says rank 0 of 1"):
-        check_world(2, 4, 0, 1, cells=3)
+        check_world(2, 4, 0, 1, world_size=4)
 
 
 @pytest.mark.parametrize("config, overrides, error", [

@@ -32,13 +32,13 @@ def test_checked_in_script_is_valid_bash(script):
     assert done.returncode == 0, done.stderr
 
 
-def test_production_script_asks_for_192_nodes_with_8_gpus_and_launches_one_world_of_5_ranks():
+def test_production_script_asks_for_192_nodes_with_8_gpus_and_launches_one_world_of_1537_ranks():
     text = (ROOT / "sbatch/gyre_2p4t.sh").read_text()
     d = directives(text)
     assert d["nodes"] == "192" and d["gpus-per-node"] == "8" and d["ntasks-per-node"] == "1"
     assert d["time"] == "48:00:00" and d["signal"] == "B:USR1@600" and "requeue" in d
     (srun,) = [line for line in text.splitlines() if line.startswith("srun ")]
-    assert "--ntasks=5" in srun and "--mpi=pmix" in srun and '--nodelist="$RANK_NODES"' in srun
+    assert "--ntasks=1537" in srun and "--mpi=pmix" in srun  # the allocator + one worker per GPU and '--nodelist="$RANK_NODES"' in srun
     assert "OMPI_MCA" not in text  # loopback settings are for the local cluster only
 
 
@@ -54,8 +54,8 @@ def test_node_count_is_cells_times_nodes_per_cell(cells, npc):
     assert node_count(cfg) == cells * npc
     text = render_sbatch(cfg, "c.yaml")
     assert directives(text)["nodes"] == str(cells * npc)
-    assert f"--ntasks={cells + 1} " in text
-    assert f"for ((k = 0; k < {cells}; k++)); do RANK_NODES+=\",${{NODES[k * {npc}]}}\"" in text
+    assert f"--ntasks={cells * npc + 1} " in text  # CPU cells: one worker per node
+    assert 'for N in "${NODES[@]}"; do for ((w = 0; w < 1; w++)); do RANK_NODES+=",$N"; done; done' in text
 
 
 def test_unset_partition_account_and_mem_write_no_directive_and_set_ones_do():
@@ -155,7 +155,9 @@ def test_gyre_train_dry_run_prints_the_local_layout_and_starts_nothing(tmp_path)
     lines = done.stdout.splitlines()
     assert "rank 0 on local1: allocator (CPU only)" in done.stdout
     assert [ln.strip() for ln in lines if ln.strip().startswith("cell ")] == [
-        f"cell {k}: nodes local{k + 1}; 0 GPUs, 1 replica(s)" for k in range(4)]
+        f"cell {k}: ranks {k + 1}-{k + 1} on local{k + 1} (leader: rank {k + 1}); 1 worker(s), 0 GPUs, 1 training "
+        f"replica(s)" for k in range(4)]
+    assert "pre-flight: ok" in lines
     assert lines[-1].strip().startswith("mpirun --oversubscribe --bind-to none -n 5 ")
     assert not list(tmp_path.iterdir())  # no run directory, no process
 
@@ -164,9 +166,12 @@ def test_gyre_train_dry_run_inside_an_allocation_uses_the_job_nodes():
     env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "gpu[01-32]", "SLURM_GPUS_ON_NODE": "8"}
     done = gyre("train", "configs/gyre_122b.yaml", "--dry-run", env=env)
     assert done.returncode == 0, done.stderr
-    assert "rank 2 on gpu09: leader of cell 1" in done.stdout
-    assert "cell 3: nodes gpu25,gpu26,gpu27,gpu28,gpu29,gpu30,gpu31,gpu32; 64 GPUs, 2 replica(s)" in done.stdout
-    assert "srun --ntasks=5 --distribution=arbitrary --nodelist=gpu01,gpu01,gpu09,gpu17,gpu25" in done.stdout
+    assert "cell 1: ranks 65-128 on gpu09,gpu10,gpu11,gpu12,gpu13,gpu14,gpu15,gpu16 (leader: rank 65)" in done.stdout
+    assert "cell 3: ranks 193-256 on gpu25,gpu26,gpu27,gpu28,gpu29,gpu30,gpu31,gpu32 (leader: rank 193); " \
+           "64 worker(s), 64 GPUs, 2 training replica(s)" in done.stdout
+    nodes = ",".join(["gpu01"] + [f"gpu{n:02d}" for n in range(1, 33) for _ in range(8)])
+    assert f"srun --ntasks=257 --distribution=arbitrary --nodelist={nodes} " in done.stdout
+    assert "pre-flight: refused: cluster.pipeline_parallel=4: the live trainer runs no pipeline" in done.stdout
 
 
 def test_gyre_train_dry_run_with_too_few_job_nodes_fails_with_the_fix():
