@@ -176,10 +176,12 @@ class ModelConfig:
     normalization: Literal["RMSNorm", "LayerNorm"] = param("RMSNorm", "Normalization layer type.")
     swiglu: bool = param(True, "Gated SiLU MLP (linear_fc1 holds [gate; up]); false = GELU MLP.")
     tie_embeddings: bool = param(False, "Share the input embedding and the output layer weights.")
-    attention: Literal["local", "sdpa"] = param(
-        "local",
+    attention: Literal["local", "sdpa", "tree"] = param(
+        "tree",
         "Core attention inside megatron's local layer spec: local = megatron's DotProductAttention (unfused); "
-        "sdpa = torch scaled_dot_product_attention (fused kernel, same function, same tree masks).",
+        "sdpa = torch scaled_dot_product_attention (fused kernel, same function, same tree masks); "
+        "tree = tree attention from the O(T) span_end vector, no [T, T] mask or score tensor (blockwise "
+        "online-softmax kernel on CPU, FlexAttention on CUDA; docs/training.md): memory linear in tokens.",
     )
     head_dim: int | None = param(None, "Channels per attention head (megatron kv_channels); null = hidden / heads.")
     qk_layernorm: bool = param(False, "RMSNorm over each head's queries and keys (Qwen3); with hf_path null it makes "

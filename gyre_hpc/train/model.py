@@ -118,10 +118,11 @@ def build_model(cfg: ModelConfig, seed: int = 0) -> torch.nn.Module:
             init_parallel(seed=seed)
         torch.manual_seed(seed)
         spec = get_gpt_layer_local_spec(normalization=cfg.normalization, qk_layernorm=cfg.qk_layernorm)
-        if cfg.attention == "sdpa":
-            from gyre_hpc.train.attention import SDPAttention
+        if cfg.attention in ("sdpa", "tree"):
+            from gyre_hpc.train.attention import SDPAttention, TreeAttention
 
-            spec.submodules.self_attention.submodules.core_attention = SDPAttention
+            core = SDPAttention if cfg.attention == "sdpa" else TreeAttention
+            spec.submodules.self_attention.submodules.core_attention = core
         model = GPTModel(
             config=transformer_config(cfg),
             transformer_layer_spec=spec,
@@ -143,7 +144,8 @@ def build_model(cfg: ModelConfig, seed: int = 0) -> torch.nn.Module:
 def forward_logits(
     model: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
-    """Full-vocabulary logits ``[b, s, V]``; ``attention_mask`` is bool ``[b, 1, s, s]``, True = masked."""
+    """Full-vocabulary logits ``[b, s, V]``; ``attention_mask`` is bool ``[b, 1, s, s]``, True = masked, or (with
+    ``model.attention: tree``) the rows' int ``span_end`` ``[b, s]`` (``gyre_hpc.train.attention.TreeAttention``)."""
     pos = position_ids
     if getattr(model, "position_embedding_type", None) == "mrope":
         pos = position_ids.unsqueeze(0).expand(3, -1, -1)

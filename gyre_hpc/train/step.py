@@ -116,8 +116,10 @@ class Trainer:
         for part, origin in parts[dp_rank::dp]:  # data parallel: each replica its share of the micro-batches
             if part.trained_tokens == 0:
                 continue
-            m = to_tensors(part, self.device)
-            logits = forward_logits(self.model, m["input_ids"], m["position_ids"], m["attention_mask"])
+            tree = self.model_cfg.attention == "tree"
+            m = to_tensors(part, self.device, dense_mask=not tree)
+            mask = m["span_end"] if tree else m["attention_mask"]
+            logits = forward_logits(self.model, m["input_ids"], m["position_ids"], mask)
             logp, entropy, (r, c) = gather_logprobs(logits, m["parent"], m["input_ids"], m["loss_mask"] > 0)
             weight, engine, adv = m["loss_mask"][r, c], m["old_logprob"][r, c], m["advantage"][r, c]
             at = torch.from_numpy(origin[r.cpu().numpy(), c.cpu().numpy()])
