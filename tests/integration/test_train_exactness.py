@@ -192,3 +192,19 @@ def test_tree_core_attention_is_the_default_and_builds_no_square_tensor(make_tra
     lb, gb = make_trainer(attention="local").loss_and_grads(tree)
     assert abs(la - lb) <= TOL * abs(lb)
     assert max(rel(ga[n], gb[n]) for n in gb) <= TOL
+
+
+@pytest.mark.parametrize("memory", [dict(logits_chunk_tokens=3), dict(logits_chunk_tokens=5, recompute=True),
+                                    dict(recompute=True, logits_chunk_tokens=None, split_trees=False)])
+def test_chunked_output_layer_and_recomputation_do_not_change_loss_or_gradients(make_trainer, memory):
+    """The output layer + log-probabilities in chunks of a few trained tokens (recomputed in the backward), and
+    per-layer activation recomputation, against one pass over full logits without recomputation."""
+    tree, flat = fork_pair(GROUPS, seed=5)
+    whole = make_trainer(logits_chunk_tokens=None)
+    chunked = make_trainer(**memory)
+    if memory.get("recompute"):
+        assert all(layer._gyre_recompute for layer in chunked.model.decoder.layers)
+    la, ga = whole.loss_and_grads(tree)
+    lb, gb = chunked.loss_and_grads(flat)
+    assert abs(la - lb) <= TOL * abs(la)
+    assert set(ga) == set(gb) and max(rel(gb[n], ga[n]) for n in ga) <= TOL
