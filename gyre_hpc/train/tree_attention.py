@@ -140,21 +140,53 @@ class _BlockwiseTreeAttention(torch.autograd.Function):
 
 
 _FLEX = {}
+FLEX_BLOCK = 128
 
 
-def _flex(q, k, v, span_end, scale):
-    """FlexAttention with a block mask from ``span_end`` (CUDA; compiled once per process)."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+def flex_block_mask(span_end: torch.Tensor, T: int, block: int = FLEX_BLOCK):
+    """FlexAttention's ``BlockMask`` for ``span_end`` [b, T] (``T`` a multiple of ``block``), built from the
+    O(T / block)^2 tile lists of ``_tiles``, never from a dense [T, T] mask (``create_block_mask`` would build one)."""
+    from torch.nn.attention.flex_attention import BlockMask
 
-    if "fn" not in _FLEX:
-        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
-    b, hq, T, _ = q.shape
+    tiles = _tiles(span_end, T, block)
+    b, nq, dev = span_end.shape[0], len(tiles), span_end.device
+    part = [[k0 // block for k0, _, full in keys if not full] for _, _, keys in tiles]
+    full = [[k0 // block for k0, _, f in keys if f] for _, _, keys in tiles]
+
+    def lists(rows):
+        num = torch.tensor([len(r) for r in rows], dtype=torch.int32, device=dev)
+        idx = torch.zeros(nq, nq, dtype=torch.int32, device=dev)
+        for i, r in enumerate(rows):
+            idx[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
+        return num[None, None].expand(b, 1, nq).contiguous(), idx[None, None].expand(b, 1, nq, nq).contiguous()
 
     def mask_mod(bi, hi, qi, ki):
         return (ki <= qi) & (qi <= span_end[bi, ki])
 
-    mask = create_block_mask(mask_mod, B=b, H=None, Q_LEN=T, KV_LEN=T, device=q.device)
-    return _FLEX["fn"](q, k, v, block_mask=mask, scale=scale, enable_gqa=hq != k.shape[1])
+    (pn, pi), (fn, fi) = lists(part), lists(full)
+    return BlockMask.from_kv_blocks(pn, pi, fn, fi, BLOCK_SIZE=block, mask_mod=mask_mod)
+
+
+def _flex(q, k, v, span_end, scale, compiled: bool = True):
+    """FlexAttention with a block mask from ``span_end`` (CUDA: compiled once per process). ``T`` is padded to a
+    multiple of ``FLEX_BLOCK`` (padding attends only itself) so that few shapes compile."""
+    import torch.nn.functional as F
+    from torch.nn.attention.flex_attention import flex_attention
+
+    fn = flex_attention
+    if compiled:
+        if "fn" not in _FLEX:
+            _FLEX["fn"] = torch.compile(flex_attention, dynamic=True)
+        fn = _FLEX["fn"]
+    b, hq, T, _ = q.shape
+    pad = -T % FLEX_BLOCK
+    if pad:
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+        tail = torch.arange(T, T + pad, device=span_end.device).expand(b, pad)
+        span_end = torch.cat([span_end, tail], 1)
+    mask = flex_block_mask(span_end, T + pad)
+    out = fn(q, k, v, block_mask=mask, scale=scale, enable_gqa=hq != k.shape[1])
+    return out[:, :, :T]
 
 
 def flex_available(device: torch.device) -> bool:

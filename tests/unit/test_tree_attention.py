@@ -44,7 +44,7 @@ def random_spans(rng, T, pad=0):
 def grads(fn, q, k, v):
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     out = fn(q, k, v)
-    w = torch.randn_like(out, generator=torch.Generator().manual_seed(7))
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(out.device, out.dtype)
     (out * w).sum().backward()
     return out.detach(), q.grad, k.grad, v.grad
 
@@ -83,3 +83,33 @@ def test_causal_spans_equal_torch_causal_attention():
     out = tree_attention(q, k, v, torch.full((1, T), T - 1), block=16, backend="blockwise")
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert rel(out, want) <= 1e-5
+
+
+def flex_case(device):
+    rng = np.random.default_rng(5)
+    T = 300
+    span = torch.from_numpy(np.stack([random_spans(rng, T, 7), random_spans(rng, T, 0)])).to(device)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, h, T, 16, generator=g).to(device) for h in (4, 2, 2))
+    return q, k, v, span
+
+
+def test_flex_attention_with_the_block_mask_from_span_end_equals_dense_attention():
+    """FlexAttention (eager on the CPU, forward only: torch has no CPU backward for it) over the BlockMask built
+    from span_end's tile lists, T not a multiple of its block: the dense reference's values."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from gyre_hpc.train.tree_attention import _flex
+
+    q, k, v, span = flex_case("cpu")
+    with torch.no_grad():
+        assert rel(_flex(q, k, v, span, 0.25, compiled=False), dense_reference(q, k, v, span, 0.25)) <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_compiled_flex_tree_attention_equals_dense_attention_forward_and_backward_on_cuda():
+    q, k, v, span = flex_case("cuda")
+    ref = grads(lambda a, b, c: dense_reference(a, b, c, span, 0.25), q, k, v)
+    got = grads(lambda a, b, c: tree_attention(a, b, c, span, 0.25, backend="flex"), q, k, v)
+    for a, b in zip(got, ref):
+        assert rel(a, b) <= 1e-4  # TF32 matmuls may be on for the reference
