@@ -144,27 +144,37 @@ FLEX_BLOCK = 128
 
 
 def flex_block_mask(span_end: torch.Tensor, T: int, block: int = FLEX_BLOCK):
-    """FlexAttention's ``BlockMask`` for ``span_end`` [b, T] (``T`` a multiple of ``block``), built from the
-    O(T / block)^2 tile lists of ``_tiles``, never from a dense [T, T] mask (``create_block_mask`` would build one)."""
+    """FlexAttention's ``BlockMask`` for ``span_end`` [b, T] (``T`` a multiple of ``block``), from per-block
+    minima and maxima of ``span_end`` (the same rule as ``_tiles``, as [T/block, T/block] tensors), never from a
+    dense [T, T] mask (``create_block_mask`` builds one in eager mode). The last mask is reused while the same
+    ``span_end`` tensor comes back (every layer of one forward)."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    tiles = _tiles(span_end, T, block)
-    b, nq, dev = span_end.shape[0], len(tiles), span_end.device
-    part = [[k0 // block for k0, _, full in keys if not full] for _, _, keys in tiles]
-    full = [[k0 // block for k0, _, f in keys if f] for _, _, keys in tiles]
+    last = _FLEX.get("mask")
+    if last is not None and last[0] is span_end and last[1] == (T, block):
+        return last[2]
+    b, n, dev = span_end.shape[0], T // block, span_end.device
+    blocks = span_end.view(b, n, block)
+    kmax, kmin = blocks.amax(dim=(0, 2)), blocks.amin(dim=(0, 2))  # [n] over rows: conservative, exact by mask_mod
+    start = torch.arange(n, device=dev) * block
+    q0, q1 = start[:, None], start[:, None] + block  # query tile i (rows), key tile j (columns)
+    k0, k1 = start[None, :], start[None, :] + block
+    seen = (k0 <= q1 - 1) & (kmax[None, :] >= q0)
+    full = seen & (k1 - 1 <= q0) & (kmin[None, :] >= q1 - 1)
+    part = seen & ~full
 
-    def lists(rows):
-        num = torch.tensor([len(r) for r in rows], dtype=torch.int32, device=dev)
-        idx = torch.zeros(nq, nq, dtype=torch.int32, device=dev)
-        for i, r in enumerate(rows):
-            idx[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
-        return num[None, None].expand(b, 1, nq).contiguous(), idx[None, None].expand(b, 1, nq, nq).contiguous()
+    def lists(m):
+        num = m.sum(-1).to(torch.int32)
+        idx = torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32)  # visible tiles first
+        return num[None, None].expand(b, 1, n).contiguous(), idx[None, None].expand(b, 1, n, n).contiguous()
 
     def mask_mod(bi, hi, qi, ki):
         return (ki <= qi) & (qi <= span_end[bi, ki])
 
     (pn, pi), (fn, fi) = lists(part), lists(full)
-    return BlockMask.from_kv_blocks(pn, pi, fn, fi, BLOCK_SIZE=block, mask_mod=mask_mod)
+    mask = BlockMask.from_kv_blocks(pn, pi, fn, fi, BLOCK_SIZE=block, mask_mod=mask_mod)
+    _FLEX["mask"] = (span_end, (T, block), mask)
+    return mask
 
 
 def _flex(q, k, v, span_end, scale, compiled: bool = True):
@@ -182,8 +192,14 @@ def _flex(q, k, v, span_end, scale, compiled: bool = True):
     pad = -T % FLEX_BLOCK
     if pad:
         q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
-        tail = torch.arange(T, T + pad, device=span_end.device).expand(b, pad)
-        span_end = torch.cat([span_end, tail], 1)
+        last = _FLEX.get("padded")
+        if last is not None and last[0] is span_end:
+            span_end = last[1]
+        else:
+            tail = torch.arange(T, T + pad, device=span_end.device).expand(b, pad)
+            padded = torch.cat([span_end, tail], 1)
+            _FLEX["padded"] = (span_end, padded)
+            span_end = padded
     mask = flex_block_mask(span_end, T + pad)
     out = fn(q, k, v, block_mask=mask, scale=scale, enable_gqa=hq != k.shape[1])
     return out[:, :, :T]
