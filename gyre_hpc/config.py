@@ -176,10 +176,12 @@ class ModelConfig:
     normalization: Literal["RMSNorm", "LayerNorm"] = param("RMSNorm", "Normalization layer type.")
     swiglu: bool = param(True, "Gated SiLU MLP (linear_fc1 holds [gate; up]); false = GELU MLP.")
     tie_embeddings: bool = param(False, "Share the input embedding and the output layer weights.")
-    attention: Literal["local", "sdpa"] = param(
-        "local",
+    attention: Literal["local", "sdpa", "tree"] = param(
+        "tree",
         "Core attention inside megatron's local layer spec: local = megatron's DotProductAttention (unfused); "
-        "sdpa = torch scaled_dot_product_attention (fused kernel, same function, same tree masks).",
+        "sdpa = torch scaled_dot_product_attention (fused kernel, same function, same tree masks); "
+        "tree = tree attention from the O(T) span_end vector, no [T, T] mask or score tensor (blockwise "
+        "online-softmax kernel on CPU, FlexAttention on CUDA; docs/training.md): memory linear in tokens.",
     )
     head_dim: int | None = param(None, "Channels per attention head (megatron kv_channels); null = hidden / heads.")
     qk_layernorm: bool = param(False, "RMSNorm over each head's queries and keys (Qwen3); with hf_path null it makes "
@@ -250,8 +252,26 @@ class TrainConfig:
         512.0, "Weight sync to the engines (docs/weights.md, resharding): the trainer's TP/PP shards are gathered, "
                "converted to the engine's names and sent in buckets of at most this many MB of full tensors (a "
                "larger single tensor goes alone); no rank holds more than one bucket of full tensors at a time.")
+    recompute: bool = param(
+        False, "Activation recomputation: each transformer layer keeps only its input in the forward and recomputes "
+               "its activations in the backward (long contexts: layer activations stop growing with the layer count).")
+    logits_chunk_tokens: int | None = param(
+        8192, "The output layer and the log-probabilities run over at most this many trained tokens at a time, "
+              "recomputed chunk by chunk in the backward: float32 logits of a whole micro-batch never exist at once "
+              "(a 32K-token micro-batch of a 150K vocabulary would hold 20 GB). null = one pass over full logits.")
+    overlong: Literal["cut", "drop"] = param(
+        "cut", "A token deeper than model.max_seq_len - 1 (position id beyond the model's range): cut = the token "
+               "and its subtree (the path's tail) are left out of the step; drop = its whole tree (in flat mode its "
+               "path) is left out. Counted in the step metrics (overlong_tokens_cut, overlong_trained_tokens_cut); "
+               "nothing beyond the limit is ever computed.")
+    context_parallel: int = param(
+        1, "Context-parallel ranks per path. Limit 1: megatron-core's context parallel needs TransformerEngine "
+           "attention on CUDA, which this trainer does not wire; a larger value fails at load.")
 
     def check(self) -> None:
+        require(self.context_parallel == 1, "context_parallel",
+                f"{self.context_parallel} > the limit 1: context parallel needs megatron-core's TransformerEngine "
+                f"attention on CUDA, not wired in this trainer (long paths: train.recompute, micro_batch_tokens)")
         require(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         require(self.device_token_s >= 0, "device_token_s", f"must be >= 0, got {self.device_token_s}")
         require(self.tis_cap is None or 0 < self.tis_cap < float("inf"), "tis_cap",
@@ -269,7 +289,7 @@ class TrainConfig:
         require(self.epochs == 1 or self.loss == "ppo", "epochs",
                 f"{self.epochs} updates per batch train off-policy after the first: set train.loss: ppo "
                 f"(clipped importance ratio) or train.epochs: 1")
-        for key in ("micro_batch_tokens", "threads"):
+        for key in ("micro_batch_tokens", "threads", "logits_chunk_tokens"):
             v = getattr(self, key)
             require(v is None or v >= 1, key, f"must be >= 1 or null, got {v}")
 

@@ -20,7 +20,13 @@ logprob before the step's first update. With TIS on, the ppo ratio is taken agai
 trainer's own old policy) and ``w_t`` corrects for the engine that sampled the token:
 ``L = -Σ m_t · w_t · min(ρ_t A_t, clip(ρ_t) A_t) / Z``, ``ρ_t = exp(logp_t - trainer_old_t)``.
 
+``chunked_logprobs`` computes the same from the final hidden states, running the output layer over
+``train.logits_chunk_tokens`` trained tokens at a time (recomputed in the backward): the same logprobs and
+gradients, without ever holding a micro-batch's full float32 logits.
+
 Invariants
+- ``chunked_logprobs`` equals ``gather_logprobs`` over the full logits (values and gradients, up to float
+  rounding), for any chunk size.
 - The loss depends only on the set of (token, predicting context, weight, advantage) tuples, not on how rows
   are packed: flat and tree packings of the same paths give the same loss and gradients.
 - With ``old_logprob`` equal to the current logprob (on-policy), ppo has the same gradient as pg.
@@ -43,6 +49,33 @@ def gather_logprobs(
     with torch.no_grad():
         entropy = -(logsm.exp() * logsm).sum(-1)
     return logp, entropy, (rows, cols)
+
+
+def _chunk_logprobs(hidden, targets, head):
+    logsm = torch.log_softmax(head(hidden).float(), dim=-1)
+    logp = logsm.gather(1, targets.unsqueeze(1)).squeeze(1)
+    with torch.no_grad():
+        entropy = -(logsm.exp() * logsm).sum(-1)
+    return logp, entropy
+
+
+def chunked_logprobs(
+    hidden: torch.Tensor, head, parent: torch.Tensor, targets: torch.Tensor, select: torch.Tensor, chunk: int
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """``gather_logprobs`` from the final hidden states ``[s, b, h]`` and the output layer ``head`` (``[n, h]`` →
+    ``[n, V]`` logits), ``chunk`` trained tokens at a time: each chunk's logits exist only inside it (the backward
+    recomputes them, ``torch.utils.checkpoint``), so at most ``[chunk, V]`` float32 logits are held at once."""
+    from torch.utils.checkpoint import checkpoint
+
+    rows, cols = torch.nonzero(select, as_tuple=True)
+    h = hidden[parent[rows, cols], rows]  # [N, h]: the predicting position's output
+    tgt = targets[rows, cols]
+    parts = [checkpoint(_chunk_logprobs, h[a:a + chunk], tgt[a:a + chunk], head, use_reentrant=False)
+             for a in range(0, len(tgt), chunk)]
+    if not parts:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, empty, (rows, cols)
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]).detach(), (rows, cols)
 
 
 def policy_loss(

@@ -7,6 +7,8 @@ Invariants
 - ``forward_logits`` returns full-vocabulary logits ``[b, s, V]`` (gathered across tensor-parallel ranks) and
   honours the given ``position_ids`` for every position-embedding type offered (``mrope`` gets three identical
   rows, which equals RoPE at those positions).
+- ``forward_hidden`` + ``output_logits`` compute what ``forward_logits`` does, split at the output layer (the
+  chunked loss runs the output layer over a few positions at a time); ``enable_recompute`` changes no value.
 - ``init_parallel`` initialises torch.distributed (gloo on the CPU, nccl on CUDA) and megatron's model-parallel
   groups once per process; calling it again with the same geometry is a no-op, with another geometry an error.
 """
@@ -118,10 +120,11 @@ def build_model(cfg: ModelConfig, seed: int = 0) -> torch.nn.Module:
             init_parallel(seed=seed)
         torch.manual_seed(seed)
         spec = get_gpt_layer_local_spec(normalization=cfg.normalization, qk_layernorm=cfg.qk_layernorm)
-        if cfg.attention == "sdpa":
-            from gyre_hpc.train.attention import SDPAttention
+        if cfg.attention in ("sdpa", "tree"):
+            from gyre_hpc.train.attention import SDPAttention, TreeAttention
 
-            spec.submodules.self_attention.submodules.core_attention = SDPAttention
+            core = SDPAttention if cfg.attention == "sdpa" else TreeAttention
+            spec.submodules.self_attention.submodules.core_attention = core
         model = GPTModel(
             config=transformer_config(cfg),
             transformer_layer_spec=spec,
@@ -143,9 +146,54 @@ def build_model(cfg: ModelConfig, seed: int = 0) -> torch.nn.Module:
 def forward_logits(
     model: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
-    """Full-vocabulary logits ``[b, s, V]``; ``attention_mask`` is bool ``[b, 1, s, s]``, True = masked."""
+    """Full-vocabulary logits ``[b, s, V]``; ``attention_mask`` is bool ``[b, 1, s, s]``, True = masked, or (with
+    ``model.attention: tree``) the rows' int ``span_end`` ``[b, s]`` (``gyre_hpc.train.attention.TreeAttention``)."""
     pos = position_ids
     if getattr(model, "position_embedding_type", None) == "mrope":
         pos = position_ids.unsqueeze(0).expand(3, -1, -1)
     with quiet_megatron():
         return model(input_ids, pos, attention_mask, labels=None, runtime_gather_output=True)
+
+
+def forward_hidden(
+    model: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """The final hidden states ``[s, b, h]`` (after the final norm), before the output layer: ``forward_logits``
+    without its logits, for a loss that runs the output layer in chunks (``output_logits``)."""
+    pos = position_ids
+    if getattr(model, "position_embedding_type", None) == "mrope":
+        pos = position_ids.unsqueeze(0).expand(3, -1, -1)
+    post, model.post_process = model.post_process, False  # GPTModel returns the decoder's output then
+    try:
+        with quiet_megatron():
+            return model(input_ids, pos, attention_mask, labels=None)
+    finally:
+        model.post_process = post
+
+
+def output_logits(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """Full-vocabulary logits ``[n, V]`` of hidden states ``[n, h]`` (gathered across tensor-parallel ranks)."""
+    weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
+    with quiet_megatron():
+        logits, _ = model.output_layer(hidden.unsqueeze(1), weight=weight, runtime_gather_output=True)
+    return logits.squeeze(1)
+
+
+def enable_recompute(model: torch.nn.Module) -> None:
+    """Activation recomputation (``train.recompute``): every transformer layer runs under
+    ``torch.utils.checkpoint`` (non-reentrant), keeping only its inputs; the backward recomputes it. The model
+    has no dropout, so the recomputation is exact; CPU and CUDA alike. Idempotent."""
+    from torch.utils.checkpoint import checkpoint
+
+    for layer in model.decoder.layers:
+        if getattr(layer, "_gyre_recompute", False):
+            continue
+        inner = layer.forward
+
+        def forward(*args, _inner=inner, **kwargs):
+            if not torch.is_grad_enabled():
+                return _inner(*args, **kwargs)
+            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+
+        layer.forward = forward
+        layer._gyre_recompute = True

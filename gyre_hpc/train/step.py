@@ -19,8 +19,13 @@ Invariants
 - The metrics of a first forward carry ``logprob_abs_diff_mean/max/tokens`` over exactly the trained tokens whose
   generation version equals ``version``; the logprobs it returns map back to the batch's positions, so a later
   epoch (``forward_backward(batch, trainer_old)``) weighs every token against its own first-forward logprob.
-- A batch with token ids outside the vocabulary, positions beyond ``model.max_seq_len`` or no trained token
-  is refused with a ``TrajectoryError`` before any computation.
+- Tokens at positions beyond ``model.max_seq_len`` are left out by the explicit rule ``train.overlong`` (cut the
+  path's tail, or drop the tree) and counted in the metrics (``overlong_tokens_cut``,
+  ``overlong_trained_tokens_cut``); the normaliser is the trained tokens kept. A batch with token ids outside
+  the vocabulary, or no trained token (left), is refused with a ``TrajectoryError`` before any computation.
+- Memory: tree attention (``model.attention: tree``) and the chunked output layer (``train.logits_chunk_tokens``)
+  hold no ``[T, T]`` tensor and no full-vocabulary logits of a micro-batch; ``train.recompute`` keeps one layer's
+  activations at a time. None changes the loss or the gradients beyond float rounding.
 """
 from __future__ import annotations
 
@@ -38,9 +43,9 @@ from gyre_hpc.errors import TrajectoryError
 from gyre_hpc.train import checkpoint
 from gyre_hpc.train import agreement
 from gyre_hpc.train.adamw import AdamW
-from gyre_hpc.train.layout import layout
-from gyre_hpc.train.loss import gather_logprobs, policy_loss, ppo_stats, tis_weights
-from gyre_hpc.train.model import build_model, forward_logits
+from gyre_hpc.train.layout import cut_overlong, layout
+from gyre_hpc.train.loss import chunked_logprobs, gather_logprobs, policy_loss, ppo_stats, tis_weights
+from gyre_hpc.train.model import build_model, enable_recompute, forward_hidden, forward_logits, output_logits
 from gyre_hpc.trajectory.batch import FIELDS, PackedBatch
 from gyre_hpc.trajectory.collate import to_tensors
 
@@ -76,6 +81,9 @@ class Trainer:
         self.model_cfg = model_cfg
         self.cfg = train_cfg
         self.model = build_model(model_cfg, seed)
+        if train_cfg.recompute:
+            enable_recompute(self.model)
+        self._head = lambda h: output_logits(self.model, h)
         self.device = next(self.model.parameters()).device
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = AdamW(
@@ -90,9 +98,6 @@ class Trainer:
         top = int(batch.input_ids.max(initial=0))
         if top >= self.model_cfg.vocab_size or int(batch.input_ids.min(initial=0)) < 0:
             raise TrajectoryError(f"token id {top} outside the vocabulary of model.vocab_size={self.model_cfg.vocab_size}")
-        deepest = int(batch.position_ids.max(initial=0))
-        if deepest >= self.model_cfg.max_seq_len:
-            raise TrajectoryError(f"position id {deepest} >= model.max_seq_len={self.model_cfg.max_seq_len}")
 
     def _accumulate(self, batch: PackedBatch) -> dict[str, float]:
         """Forward and backward over all micro-batches; gradients are left in ``.grad``."""
@@ -106,19 +111,33 @@ class Trainer:
         train-inference agreement (``gyre_hpc.train.agreement``) and TIS weighs against the logprobs computed now.
         A later epoch passes the array the first forward returned (TIS and its ppo ratio keep that reference)."""
         self._check(batch)
+        whole = batch
+        batch, origin0, overlong = cut_overlong(whole, self.model_cfg.max_seq_len, self.cfg.overlong)
+        if batch.trained_tokens <= 0:
+            raise TrajectoryError(
+                f"no trained token left below model.max_seq_len={self.model_cfg.max_seq_len} after "
+                f"train.overlong={self.cfg.overlong} (deepest position id {int(whole.position_ids.max(initial=0))})")
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         Z = float(batch.loss_mask.sum())
         ref = None if trainer_old is None else torch.from_numpy(np.asarray(trainer_old, np.float32).reshape(-1))
         loss_sum, kept = 0.0, []
         dp_rank, dp, dp_group = _data_parallel()
-        parts = list(layout(batch, self.cfg.split_trees, self.cfg.micro_batch_tokens))
+        parts = list(layout(batch, self.cfg.split_trees, self.cfg.micro_batch_tokens, origin0))
         for part, origin in parts[dp_rank::dp]:  # data parallel: each replica its share of the micro-batches
             if part.trained_tokens == 0:
                 continue
-            m = to_tensors(part, self.device)
-            logits = forward_logits(self.model, m["input_ids"], m["position_ids"], m["attention_mask"])
-            logp, entropy, (r, c) = gather_logprobs(logits, m["parent"], m["input_ids"], m["loss_mask"] > 0)
+            tree = self.model_cfg.attention == "tree"
+            m = to_tensors(part, self.device, dense_mask=not tree)
+            mask = m["span_end"] if tree else m["attention_mask"]
+            chunk = self.cfg.logits_chunk_tokens
+            if chunk is None:
+                logits = forward_logits(self.model, m["input_ids"], m["position_ids"], mask)
+                logp, entropy, (r, c) = gather_logprobs(logits, m["parent"], m["input_ids"], m["loss_mask"] > 0)
+            else:
+                hidden = forward_hidden(self.model, m["input_ids"], m["position_ids"], mask)
+                logp, entropy, (r, c) = chunked_logprobs(hidden, self._head, m["parent"], m["input_ids"],
+                                                         m["loss_mask"] > 0, chunk)
             weight, engine, adv = m["loss_mask"][r, c], m["old_logprob"][r, c], m["advantage"][r, c]
             at = torch.from_numpy(origin[r.cpu().numpy(), c.cpu().numpy()])
             old, tis = engine, None
@@ -140,7 +159,7 @@ class Trainer:
                          tis_truncated_frac=float(((tis >= self.cfg.tis_cap).float() * weight).sum() / Z))
         if trainer_old is None:
             stats.update(agreement.record(logp.cpu().numpy(), engine.cpu().numpy(), gen.cpu().numpy(), self.version))
-        mine = np.zeros(batch.input_ids.size, np.float32)
+        mine = np.zeros(whole.input_ids.size, np.float32)
         mine[at.numpy()] = logp.cpu().numpy()
         return {
             "loss": loss_sum,
@@ -148,8 +167,9 @@ class Trainer:
             "tokens": float(batch.tokens),
             "mean_logp": float((logp * weight).sum() / Z),
             "entropy": float((entropy * weight).sum() / Z),
+            **overlong,
             **stats,
-        }, mine.reshape(batch.shape)
+        }, mine.reshape(whole.shape)
 
     def _reduce_replicas(self, loss_sum: float, kept: list, dp: int, group) -> tuple[float, list]:
         """Data parallel: sum the replicas' gradients (each already normalised by the whole batch's trained

@@ -30,9 +30,12 @@ def attention_mask(span_end: torch.Tensor) -> torch.Tensor:
     return (~allowed).unsqueeze(1)
 
 
-def to_tensors(batch: PackedBatch, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """All fields of ``batch`` as tensors on ``device`` plus ``attention_mask`` (see the module docstring)."""
+def to_tensors(batch: PackedBatch, device: str | torch.device = "cpu", dense_mask: bool = True
+               ) -> dict[str, torch.Tensor]:
+    """All fields of ``batch`` as tensors on ``device`` plus ``attention_mask`` (see the module docstring);
+    ``dense_mask`` False leaves the [R, 1, L, L] mask out (tree attention reads ``span_end`` alone)."""
     out = {k: torch.from_numpy(np.array(getattr(batch, k), dtype=np.int64)).to(device) for k in INT_FIELDS}
     out.update({k: torch.from_numpy(np.array(getattr(batch, k), dtype=np.float32)).to(device) for k in FLOAT_FIELDS})
-    out["attention_mask"] = attention_mask(out["span_end"])
+    if dense_mask:
+        out["attention_mask"] = attention_mask(out["span_end"])
     return out

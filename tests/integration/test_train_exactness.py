@@ -18,7 +18,7 @@ def make_trainer():
 
     torch.set_num_threads(1)
 
-    def make(position_embedding="mrope", attention="local", **train):
+    def make(position_embedding="mrope", attention="tree", **train):
         model = ModelConfig(position_embedding=position_embedding, attention=attention, kv_heads=2)
         return Trainer(model, TrainConfig(**train), seed=0)
 
@@ -40,7 +40,7 @@ def assert_same_loss_and_grads(trainer, a, b):
 
 @pytest.mark.parametrize("position_embedding", ["mrope", "learned_absolute"])
 @pytest.mark.parametrize("loss", ["pg", "ppo"])
-@pytest.mark.parametrize("attention", ["local", "sdpa"])
+@pytest.mark.parametrize("attention", ["local", "sdpa", "tree"])
 def test_tree_and_flat_give_same_loss_and_gradients(make_trainer, position_embedding, loss, attention):
     tree, flat = fork_pair(GROUPS, seed=1, old_logprob=-5.0)
     assert tree.trained_tokens == flat.trained_tokens and tree.tokens < flat.tokens
@@ -157,3 +157,54 @@ def test_synthetic_agent_logs_tree_and_flat_give_same_loss_and_gradients(make_tr
     lf, gf = trainer.loss_and_grads(flat)
     assert abs(lt - lf) <= TOL * loss_scale(trainer, flat)
     assert max(rel(gt[n], gf[n]) for n in gf) <= TOL
+
+
+def test_tree_core_attention_is_the_default_and_builds_no_square_tensor(make_trainer, monkeypatch):
+    """A 1,320-token tree row (128-token tiles) through forward and backward: no tensor anywhere holds T x T elements (the largest
+    is one attention tile or the logits), and the result equals the dense local attention."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from gyre_hpc.config import ModelConfig
+    from gyre_hpc.train.attention import TreeAttention
+    from gyre_hpc.train import tree_attention
+
+    monkeypatch.setattr(tree_attention, "BLOCK", 128)
+    assert ModelConfig().attention == "tree"
+    tree_t = make_trainer()
+    assert all(isinstance(layer.self_attention.core_attention, TreeAttention) for layer in tree_t.model.decoder.layers)
+    tree, _ = fork_pair([(8, 200, [300, 250, 280, 290], 1.0)], seed=3)
+    T = tree.shape[1]
+    assert T == 1320
+
+    class Biggest(TorchDispatchMode):
+        numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor):
+                    Biggest.numel = max(Biggest.numel, t.numel())
+            return out
+
+    with Biggest():
+        la, ga = tree_t.loss_and_grads(tree)
+    assert 0 < Biggest.numel < T * T / 2, (Biggest.numel, T)
+    lb, gb = make_trainer(attention="local").loss_and_grads(tree)
+    assert abs(la - lb) <= TOL * abs(lb)
+    assert max(rel(ga[n], gb[n]) for n in gb) <= TOL
+
+
+@pytest.mark.parametrize("memory", [dict(logits_chunk_tokens=3), dict(logits_chunk_tokens=5, recompute=True),
+                                    dict(recompute=True, logits_chunk_tokens=None, split_trees=False)])
+def test_chunked_output_layer_and_recomputation_do_not_change_loss_or_gradients(make_trainer, memory):
+    """The output layer + log-probabilities in chunks of a few trained tokens (recomputed in the backward), and
+    per-layer activation recomputation, against one pass over full logits without recomputation."""
+    tree, flat = fork_pair(GROUPS, seed=5)
+    whole = make_trainer(logits_chunk_tokens=None)
+    chunked = make_trainer(**memory)
+    if memory.get("recompute"):
+        assert all(layer._gyre_recompute for layer in chunked.model.decoder.layers)
+    la, ga = whole.loss_and_grads(tree)
+    lb, gb = chunked.loss_and_grads(flat)
+    assert abs(la - lb) <= TOL * abs(la)
+    assert set(ga) == set(gb) and max(rel(gb[n], ga[n]) for n in ga) <= TOL

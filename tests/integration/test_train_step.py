@@ -109,9 +109,41 @@ def test_bad_batches_are_refused_with_trajectory_errors(make_trainer):
         trainer.step(dataclasses.replace(tree, input_ids=ids))
     with pytest.raises(TrajectoryError, match="no trained token"):
         trainer.step(dataclasses.replace(tree, loss_mask=np.zeros_like(tree.loss_mask)))
-    with pytest.raises(TrajectoryError, match=r"position id 600 >= model.max_seq_len=512"):
-        trainer.step(dataclasses.replace(tree, position_ids=tree.position_ids + 600 - tree.position_ids.max()))
+    with pytest.raises(TrajectoryError, match=r"no trained token left below model.max_seq_len=512 after "
+                                              r"train.overlong=cut \(deepest position id 1100\)"):
+        trainer.step(dataclasses.replace(tree, position_ids=tree.position_ids + 1100 - tree.position_ids.max()))
     assert trainer.version == 0
+
+
+@pytest.mark.parametrize("rule", ["cut", "drop"])
+def test_paths_beyond_max_seq_len_are_cut_or_dropped_and_counted_never_crashing_the_step(rule):
+    """A path longer than model.max_seq_len: ``cut`` trains the rest exactly as a model with room for the whole
+    path whose tail is not trained; ``drop`` leaves its tree out. Tree and flat packings cut alike (cut)."""
+    import dataclasses
+
+    from gyre_hpc.config import ModelConfig, TrainConfig
+    from gyre_hpc.train.step import Trainer
+
+    groups = [(2, 5, [3, 9, 2], 1.0), (1, 6, [2, 5], -0.5)]
+    trainer = Trainer(ModelConfig(max_seq_len=12, kv_heads=2), TrainConfig(overlong=rule), seed=0)
+    tree, flat = fork_pair(groups, seed=4)
+    assert tree.position_ids.max() == 13
+    mt, grads_t, _ = trainer.group_grads(tree)
+    mf, grads_f, _ = trainer.group_grads(flat)
+    assert mt["trained_tokens"] == tree.trained_tokens - mt["overlong_trained_tokens_cut"]
+    if rule == "cut":
+        assert (mt["overlong_tokens_cut"], mt["overlong_trained_tokens_cut"]) == (2.0, 2.0)
+        assert mf["overlong_tokens_cut"] == 2.0
+        roomy = Trainer(ModelConfig(max_seq_len=14, kv_heads=2), TrainConfig(), seed=0)
+        untrained_tail = dataclasses.replace(tree, loss_mask=np.where(tree.position_ids >= 12, 0, tree.loss_mask))
+        mr, grads_r, _ = roomy.group_grads(untrained_tail)
+        assert mr["loss"] == pytest.approx(mt["loss"], rel=1e-5) and mf["loss"] == pytest.approx(mt["loss"], rel=1e-5)
+        for n in grads_r:
+            assert float((grads_t[n] - grads_r[n]).norm()) <= 1e-5 * float(grads_r[n].norm()) + 1e-12
+            assert float((grads_f[n] - grads_r[n]).norm()) <= 1e-5 * float(grads_r[n].norm()) + 1e-12
+    else:
+        assert mt["overlong_tokens_cut"] == 5 + 3 + 9 + 2 and mf["overlong_tokens_cut"] == 5 + 9
+    assert trainer.step(tree)["version"] == 1
 
 
 def test_burst_makes_mu_ordered_steps(make_trainer):

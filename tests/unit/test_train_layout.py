@@ -76,3 +76,32 @@ def test_layout_origin_maps_every_valid_position_of_every_part_back_to_the_batch
             assert np.array_equal(getattr(packed, name).reshape(-1)[origin[valid]], getattr(part, name)[valid])
         seen += origin[valid].tolist()
     assert sorted(seen) == sorted(np.flatnonzero(np.arange(packed.shape[1])[None, :] < packed.lengths[:, None]))
+
+
+@pytest.mark.parametrize("rule", ["cut", "drop"])
+def test_cut_overlong_keeps_valid_trees_with_each_kept_tokens_ancestors_and_counts_the_rest(packed, rule):
+    from gyre_hpc.train.layout import cut_overlong
+
+    deepest = int(packed.position_ids.max())
+    limit = int(np.median(packed.position_ids[packed.position_ids > 0])) if rule == "cut" else deepest
+    cut, origin, counts = cut_overlong(packed, limit, rule)
+    cut.validate()
+    assert int(cut.position_ids.max()) < limit
+    assert counts["overlong_tokens_cut"] == packed.tokens - cut.tokens > 0
+    assert counts["overlong_trained_tokens_cut"] == packed.trained_tokens - cut.trained_tokens
+    flat_in = {name: getattr(packed, name).reshape(-1) for name in ("input_ids", "position_ids", "loss_mask")}
+    for r in range(cut.shape[0]):
+        n = int(cut.lengths[r])
+        src = origin[r, :n]
+        assert (src >= 0).all() and (origin[r, n:] == -1).all()
+        for name, arr in flat_in.items():
+            assert np.array_equal(getattr(cut, name)[r, :n], arr[src])
+        # a kept token's ancestors are exactly its ancestors in the input (the parent chain maps through origin)
+        par = cut.parent[r, :n]
+        assert np.array_equal(np.where(par >= 0, src[np.maximum(par, 0)], -1) % packed.shape[1],
+                              np.where(par >= 0, packed.parent.reshape(-1)[src], -1) % packed.shape[1])
+    if rule == "cut":
+        assert cut.tokens == int(((packed.position_ids < limit) & (packed.input_ids * 0 == 0)
+                                  & (np.arange(packed.shape[1]) < packed.lengths[:, None])).sum())
+    same, none, zero = cut_overlong(packed, deepest + 1, rule)
+    assert same is packed and none is None and zero["overlong_tokens_cut"] == 0
