@@ -188,6 +188,12 @@ class ModelConfig:
                                       "the model Qwen3-format: its initial weights become a Qwen3 directory of the run")
     qkv_bias: bool = param(False, "Biases on the query/key/value projection (Qwen2).")
     norm_eps: float = param(1e-5, "Epsilon of every normalization layer (Qwen: 1e-6).")
+    experts: int = param(0, "Mixture of experts (Qwen3-MoE, gyre_hpc/train/moe.py): routed experts in every layer's "
+                            "MLP; 0 = a dense MLP (ffn).")
+    experts_topk: int = param(2, "Experts each token is routed to (HF num_experts_per_tok); MoE only.")
+    moe_ffn: int = param(64, "Hidden size of each expert's SwiGLU MLP (HF moe_intermediate_size); MoE only.")
+    norm_topk: bool = param(True, "Renormalise the top-k router probabilities to sum to 1 (HF norm_topk_prob); "
+                                  "false = the softmax over all experts, taken at the top k. MoE only.")
 
     def __post_init__(self) -> None:
         if self.hf_path is not None:
@@ -205,6 +211,11 @@ class ModelConfig:
         require(self.norm_eps > 0, "norm_eps", f"must be > 0, got {self.norm_eps}")
         kv = self.heads if self.kv_heads is None else self.kv_heads
         require(kv >= 1 and self.heads % kv == 0, "kv_heads", f"{kv} must be >= 1 and divide heads={self.heads}")
+        require(self.experts >= 0, "experts", f"must be >= 0 (0 = dense), got {self.experts}")
+        require(self.experts == 0 or 1 <= self.experts_topk <= self.experts, "experts_topk",
+                f"must be in [1, experts={self.experts}], got {self.experts_topk}")
+        require(self.experts == 0 or (self.moe_ffn >= 1 and self.swiglu), "moe_ffn",
+                f"MoE experts are SwiGLU MLPs of moe_ffn >= 1 (got moe_ffn={self.moe_ffn}, swiglu={self.swiglu})")
         head_dim = self.head_dim or self.hidden // self.heads
         require(
             self.position_embedding != "mrope" or head_dim % 2 == 0,
@@ -268,7 +279,13 @@ class TrainConfig:
         1, "Context-parallel ranks per path. Limit 1: megatron-core's context parallel needs TransformerEngine "
            "attention on CUDA, which this trainer does not wire; a larger value fails at load.")
 
+    expert_parallel: int = param(
+        1, "Expert-parallel size of the training world (MoE models): model.experts are split over this many "
+           "ranks, each fed the same rows (gyre_hpc/train/moe.py); it must divide model.experts. 1 = every rank "
+           "holds all experts.")
+
     def check(self) -> None:
+        require(self.expert_parallel >= 1, "expert_parallel", f"must be >= 1, got {self.expert_parallel}")
         require(self.context_parallel == 1, "context_parallel",
                 f"{self.context_parallel} > the limit 1: context parallel needs megatron-core's TransformerEngine "
                 f"attention on CUDA, not wired in this trainer (long paths: train.recompute, micro_batch_tokens)")
@@ -850,6 +867,14 @@ class GyreConfig:
     agent: AgentConfig = param(AgentConfig(), "Synthetic agent workload of live runs (harness).")
     grader: GraderConfig = param(GraderConfig(), "Grading of plugin agents' runs: hidden tests or a grader plugin.")
     slurm: SlurmConfig = param(SlurmConfig(), "The sbatch job: partition, time limit, preemption signal, exports.")
+
+    def check(self) -> None:
+        ep, experts = self.train.expert_parallel, self.model.experts
+        require(ep == 1 or (experts > 0 and experts % ep == 0), "train.expert_parallel",
+                f"{ep} must divide model.experts={experts} (and needs a MoE model, experts > 0)")
+        require(ep == 1 or self.cluster.tensor_parallel == 1, "train.expert_parallel",
+                f"{ep} with cluster.tensor_parallel={self.cluster.tensor_parallel}: expert parallel runs with "
+                f"tensor_parallel 1 only")
 
 
 # ----------------------------------------------------------------------------------------------- loader

@@ -18,11 +18,16 @@ rms_norm_eps                norm_eps                     Qwen: 1e-6 (megatron's 
 tie_word_embeddings         tie_embeddings
 (architecture)              qk_layernorm, qkv_bias       Qwen3: q/k RMSNorm, no bias; Qwen2: q/k/v bias
 (fixed)                     position_embedding=mrope, normalization=RMSNorm, swiglu=true
+num_experts                 experts                      Qwen3-MoE (transformers 5 writes num_local_experts)
+num_experts_per_tok         experts_topk                 Qwen3-MoE
+moe_intermediate_size       moe_ffn                      Qwen3-MoE
+norm_topk_prob              norm_topk                    Qwen3-MoE
 ==========================  ===========================  ======================================================
 
 Invariants
 - Only ``SUPPORTED`` architectures map; anything else, or a variant the mapping cannot reproduce exactly
-  (sliding windows, scaled RoPE, an activation other than SiLU, Qwen3 attention/output biases), is refused with
+  (sliding windows, scaled RoPE, an activation other than SiLU, Qwen3 attention/output biases, Qwen3-MoE with
+  dense layers (``mlp_only_layers``, ``decoder_sparse_step`` > 1) or shared experts), is refused with
   ``UnsupportedModelError`` naming the value and the supported architectures.
 - ``hf_config_dict(model_fields(c), arch)`` keeps every key of the table: mapping back and forth is the identity
   on the fields above.
@@ -37,9 +42,10 @@ from typing import Any, Mapping
 
 from gyre_hpc.errors import UnsupportedModelError
 
-SUPPORTED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
-ARCH_BY_NAME = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-MODEL_TYPE = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+SUPPORTED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+ARCH_BY_NAME = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+MODEL_TYPE = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
+QWEN3 = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")  # q/k RMSNorm, head_dim, no biases
 DEFAULT_ROPE_THETA = 10000.0
 
 
@@ -83,8 +89,22 @@ def _refuse_variants(hf: Mapping[str, Any], arch: str) -> None:
     other = sorted({t for t in hf.get("layer_types") or () if t != "full_attention"})
     if other:
         raise UnsupportedModelError(f"layer_types {other} are not supported (full_attention only)")
-    if arch == "Qwen3ForCausalLM" and hf.get("attention_bias"):
+    if arch in QWEN3 and hf.get("attention_bias"):
         raise UnsupportedModelError("Qwen3 attention_bias: true is not supported (o_proj bias has no megatron slot)")
+    if arch == "Qwen3MoeForCausalLM":
+        if hf.get("mlp_only_layers"):
+            raise UnsupportedModelError(f"mlp_only_layers {hf['mlp_only_layers']} is not supported (every layer MoE)")
+        if int(hf.get("decoder_sparse_step", 1)) != 1:
+            raise UnsupportedModelError(f"decoder_sparse_step {hf['decoder_sparse_step']} is not supported (only 1)")
+        if hf.get("shared_expert_intermediate_size"):
+            raise UnsupportedModelError("shared experts are not supported (Qwen3-MoE has none)")
+        if int(_experts(hf)) < 1:
+            raise UnsupportedModelError("Qwen3MoeForCausalLM with num_experts 0 is not supported (use Qwen3)")
+
+
+def _experts(hf: Mapping[str, Any]) -> int:
+    """``num_experts``; transformers 5 saves it as ``num_local_experts`` (its attribute map)."""
+    return int(hf.get("num_experts", hf.get("num_local_experts", 0)))
 
 
 def model_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
@@ -95,8 +115,12 @@ def model_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
     if theta != int(theta):
         raise UnsupportedModelError(f"rope_theta {theta} is not an integer (model.rotary_base is)")
     heads = int(hf["num_attention_heads"])
-    qwen3 = arch == "Qwen3ForCausalLM"
+    qwen3 = arch in QWEN3
     head_dim = hf.get("head_dim") if qwen3 else None
+    moe = {}
+    if arch == "Qwen3MoeForCausalLM":
+        moe = {"experts": _experts(hf), "experts_topk": int(hf["num_experts_per_tok"]),
+               "moe_ffn": int(hf["moe_intermediate_size"]), "norm_topk": bool(hf.get("norm_topk_prob", False))}
     return {
         "vocab_size": int(hf["vocab_size"]),
         "hidden": int(hf["hidden_size"]),
@@ -114,6 +138,7 @@ def model_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
         "position_embedding": "mrope",
         "normalization": "RMSNorm",
         "swiglu": True,
+        **moe,
     }
 
 
@@ -138,9 +163,13 @@ def hf_config_dict(fields: Mapping[str, Any], arch: str, **extra: Any) -> dict[s
         "hidden_act": "silu",
         "dtype": "float32",
     }
-    if arch == "Qwen3ForCausalLM":
+    if arch in QWEN3:
         out["head_dim"] = fields.get("head_dim") or fields["hidden"] // heads
         out["attention_bias"] = False
+    if arch == "Qwen3MoeForCausalLM":
+        out.update(num_experts=fields["experts"], num_experts_per_tok=fields["experts_topk"],
+                   moe_intermediate_size=fields["moe_ffn"], norm_topk_prob=fields["norm_topk"],
+                   decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.0, output_router_logits=False)
     return {**out, **extra}
 
 

@@ -1,4 +1,4 @@
-"""``init_model``: a small real-format Qwen2/Qwen3 directory with random weights and a locally trained tokenizer.
+"""``init_model``: a small real-format Qwen2/Qwen3/Qwen3-MoE directory with random weights and a locally trained tokenizer.
 
 What it writes (loads with ``AutoTokenizer`` / ``AutoModelForCausalLM`` and SGLang's ``--model-path``)::
 
@@ -22,7 +22,7 @@ import random
 from pathlib import Path
 
 from gyre_hpc.errors import ConfigError
-from gyre_hpc.hf_config import ARCH_BY_NAME
+from gyre_hpc.hf_config import ARCH_BY_NAME, MODEL_TYPE
 
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
@@ -80,8 +80,11 @@ def train_tokenizer(vocab: int, seed: int):
 
 def hf_config(arch: str, vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, context: int,
               head_dim: int | None, ffn: int | None, tie: bool, ids: dict[str, int], rope_theta: float = 1e6,
-              norm_eps: float = 1e-6):
-    """transformers' config object for the model (float32; RoPE theta 1e6 and RMSNorm eps 1e-6 as Qwen's)."""
+              norm_eps: float = 1e-6, experts: int = 8, topk: int = 2, moe_ffn: int | None = None,
+              norm_topk: bool = True):
+    """transformers' config object for the model (float32; RoPE theta 1e6 and RMSNorm eps 1e-6 as Qwen's).
+    Qwen3-MoE: ``experts`` routed experts of ``moe_ffn`` (default hidden) in every layer, ``topk`` per token, no
+    auxiliary loss."""
     from transformers import AutoConfig
 
     kw = dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
@@ -89,11 +92,16 @@ def hf_config(arch: str, vocab: int, hidden: int, layers: int, heads: int, kv_he
               rope_parameters={"rope_type": "default", "rope_theta": float(rope_theta)}, rms_norm_eps=norm_eps,
               tie_word_embeddings=tie, hidden_act="silu", bos_token_id=ids["<|endoftext|>"],
               eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"], dtype="float32")
-    if arch == "Qwen3ForCausalLM":
+    if arch == "Qwen3MoeForCausalLM":
+        if not 1 <= topk <= experts:
+            raise ConfigError(f"--topk {topk}: must be in [1, --experts={experts}]")
+        kw.update(num_experts=experts, num_experts_per_tok=topk, moe_intermediate_size=moe_ffn or hidden,
+                  norm_topk_prob=norm_topk, decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.0)
+    if arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
         kw["head_dim"] = head_dim or hidden // heads
     elif head_dim not in (None, hidden // heads):
         raise ConfigError(f"--head-dim {head_dim}: Qwen2 has head_dim = hidden / heads = {hidden // heads}")
-    cfg = AutoConfig.for_model(arch.removesuffix("ForCausalLM").lower(), **kw)
+    cfg = AutoConfig.for_model(MODEL_TYPE[arch], **kw)
     cfg.architectures = [arch]
     return cfg
 
@@ -101,8 +109,10 @@ def hf_config(arch: str, vocab: int, hidden: int, layers: int, heads: int, kv_he
 def init_model(arch: str, out: str | Path, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
                vocab: int = 1024, context: int = 4096, seed: int = 0, head_dim: int | None = None,
                ffn: int | None = None, tie: bool = False, overwrite: bool = False, rope_theta: float = 1e6,
-               norm_eps: float = 1e-6) -> Path:
-    """Write a random ``arch`` ('qwen2' | 'qwen3') model with a trained tokenizer to ``out``; returns ``out``."""
+               norm_eps: float = 1e-6, experts: int = 8, topk: int = 2, moe_ffn: int | None = None,
+               norm_topk: bool = True) -> Path:
+    """Write a random ``arch`` ('qwen2' | 'qwen3' | 'qwen3_moe') model with a trained tokenizer to ``out``;
+    returns ``out``. ``experts``, ``topk``, ``moe_ffn`` and ``norm_topk`` apply to qwen3_moe only."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
     from transformers.utils import logging as hf_logging
@@ -120,7 +130,7 @@ def init_model(arch: str, out: str | Path, hidden: int = 64, layers: int = 2, he
                                   model_max_length=context, clean_up_tokenization_spaces=False)
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL}
     cfg = hf_config(ARCH_BY_NAME[arch], vocab, hidden, layers, heads, kv_heads, context, head_dim, ffn, tie, ids,
-                    rope_theta, norm_eps)
+                    rope_theta, norm_eps, experts, topk, moe_ffn, norm_topk)
     gen = GenerationConfig(bos_token_id=ids["<|endoftext|>"], pad_token_id=ids["<|endoftext|>"],
                            eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]])
     hf_logging.disable_progress_bar()

@@ -15,7 +15,7 @@ Invariants
   and an older checkpoint at ``<path>`` stays intact until the new one replaces it whole.
 - ``gather_full`` returns each parameter as the single-rank model would hold it: tensor-parallel shards are
   gathered along ``partition_dim``, and SwiGLU ``linear_fc1`` shards ([gate_r; up_r]) are re-ordered to
-  [gate; up].
+  [gate; up]; expert-parallel experts are gathered and named by their global index (``gyre_hpc.train.moe``).
 - Nothing in a checkpoint is unpickled with arbitrary globals: a file that holds any other object (a planted
   pickle with a ``__reduce__`` payload) is refused with a ``CheckpointError`` before any of it runs
   (tests/integration/test_checkpoint_hostile.py).
@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from gyre_hpc.errors import CheckpointError
 from gyre_hpc.io import atomic_dir
+from gyre_hpc.train import moe
 
 
 def _rank_world() -> tuple[int, int]:
@@ -175,7 +176,7 @@ def _read_rank(path: Path, rank: int) -> dict:
 def gather_full(model: torch.nn.Module, swiglu: bool) -> dict[str, torch.Tensor]:
     """Flat ``{name: full CPU tensor}`` of every tensor entry of ``model.state_dict()`` (collective under TP)."""
     state = {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
-    return gather_tensors(model, state, swiglu)
+    return moe.gather_experts(gather_tensors(model, state, swiglu))
 
 
 def gather_tensors(model: torch.nn.Module, tensors: dict[str, torch.Tensor], swiglu: bool) -> dict[str, torch.Tensor]:

@@ -11,11 +11,20 @@ decoder.layers.{i}.self_attention.q_layernorm.weight       L.self_attn.q_norm.we
 decoder.layers.{i}.self_attention.k_layernorm.weight       L.self_attn.k_norm.weight          (Qwen3)      copy
 decoder.layers.{i}.self_attention.linear_proj.weight       L.self_attn.o_proj.weight                       copy
 decoder.layers.{i}.pre_mlp_layernorm.weight                L.post_attention_layernorm.weight               copy
-decoder.layers.{i}.mlp.linear_fc1.weight                   L.mlp.{gate,up}_proj.weight                     gate_up
-decoder.layers.{i}.mlp.linear_fc2.weight                   L.mlp.down_proj.weight                          copy
+decoder.layers.{i}.mlp.linear_fc1.weight                   L.mlp.{gate,up}_proj.weight        (dense)      gate_up
+decoder.layers.{i}.mlp.linear_fc2.weight                   L.mlp.down_proj.weight             (dense)      copy
+decoder.layers.{i}.mlp.router.weight                       L.mlp.gate.weight                  (MoE)        copy
+decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc1.weight
+                                                           L.mlp.experts.{e}.{gate,up}_proj.weight (MoE)   gate_up
+decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc2.weight
+                                                           L.mlp.experts.{e}.down_proj.weight (MoE)        copy
 decoder.final_layernorm.weight                             model.norm.weight                               copy
 output_layer.weight                                        lm_head.weight                     (untied)     copy
 =========================================================  ==============================================  ========
+
+``{e}`` is the global expert index (MoE, ``model.experts``); under expert parallelism a rank's model holds
+``local_experts.0 ..`` for its own experts, and ``gyre_hpc.train.moe`` renames them (``to_local``,
+``gather_experts``).
 
 Layouts::
 
@@ -54,8 +63,12 @@ TABLE: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
     (M + "self_attention.k_layernorm.weight", (L + "self_attn.k_norm.weight",), "copy", "qk_layernorm"),
     (M + "self_attention.linear_proj.weight", (L + "self_attn.o_proj.weight",), "copy", "always"),
     (M + "pre_mlp_layernorm.weight", (L + "post_attention_layernorm.weight",), "copy", "always"),
-    (M + "mlp.linear_fc1.weight", (L + "mlp.gate_proj.weight", L + "mlp.up_proj.weight"), "gate_up", "always"),
-    (M + "mlp.linear_fc2.weight", (L + "mlp.down_proj.weight",), "copy", "always"),
+    (M + "mlp.linear_fc1.weight", (L + "mlp.gate_proj.weight", L + "mlp.up_proj.weight"), "gate_up", "dense"),
+    (M + "mlp.linear_fc2.weight", (L + "mlp.down_proj.weight",), "copy", "dense"),
+    (M + "mlp.router.weight", (L + "mlp.gate.weight",), "copy", "moe"),
+    (M + "mlp.experts.local_experts.{e}.linear_fc1.weight",
+     (L + "mlp.experts.{e}.gate_proj.weight", L + "mlp.experts.{e}.up_proj.weight"), "gate_up", "moe"),
+    (M + "mlp.experts.local_experts.{e}.linear_fc2.weight", (L + "mlp.experts.{e}.down_proj.weight",), "copy", "moe"),
     ("decoder.final_layernorm.weight", ("model.norm.weight",), "copy", "always"),
     ("output_layer.weight", ("lm_head.weight",), "copy", "untied"),
 )
@@ -69,14 +82,16 @@ def has_hf_form(cfg: ModelConfig) -> bool:
 def entries(cfg: ModelConfig) -> list[tuple[str, tuple[str, ...], str]]:
     """The table's rows for ``cfg``, layer templates expanded: (megatron name, HF names, layout)."""
     present = {"always": True, "qkv_bias": cfg.qkv_bias, "qk_layernorm": cfg.qk_layernorm,
-               "untied": not cfg.tie_embeddings}
+               "untied": not cfg.tie_embeddings, "dense": cfg.experts == 0, "moe": cfg.experts > 0}
     rows = []
     for mname, hnames, layout, when in TABLE:
         if not present[when]:
             continue
         layers = range(cfg.layers) if "{i}" in mname else (None,)
+        experts = range(cfg.experts) if "{e}" in mname else (None,)
         for i in layers:
-            rows.append((mname.format(i=i), tuple(h.format(i=i) for h in hnames), layout))
+            for e in experts:
+                rows.append((mname.format(i=i, e=e), tuple(h.format(i=i, e=e) for h in hnames), layout))
     return rows
 
 
@@ -179,4 +194,6 @@ def load_hf_weights(model: torch.nn.Module, cfg: ModelConfig) -> None:
     """Load ``cfg.hf_path``'s safetensors into ``model`` (built from ``cfg``), sliced for this TP rank."""
     from gyre_hpc.train.hf_io import read_safetensors
 
-    load_full(model, to_megatron(read_safetensors(cfg.hf_path), cfg), cfg.swiglu)
+    from gyre_hpc.train.moe import to_local
+
+    load_full(model, to_local(to_megatron(read_safetensors(cfg.hf_path), cfg), cfg.experts), cfg.swiglu)

@@ -22,16 +22,16 @@ import torch
 import torch.distributed as dist
 
 from gyre_hpc.config import ModelConfig
-from gyre_hpc.train import cpu_compat
+from gyre_hpc.train import cpu_compat, moe
 
 
 def init_parallel(
     world_size: int = 1, rank: int = 0, tensor_parallel: int = 1, master_port: int | None = None, seed: int = 0,
-    master_addr: str = "127.0.0.1", store=None,
+    master_addr: str = "127.0.0.1", store=None, expert_parallel: int = 1,
 ) -> None:
     """Join a ``world_size`` process group met at ``master_addr:master_port`` (or through ``store``, a
     torch.distributed store the caller made: no port to race for) and build megatron's groups (TP
-    ``tensor_parallel``; data parallel: the rest)."""
+    ``tensor_parallel``, EP ``expert_parallel``; data parallel: the rest)."""
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
@@ -40,8 +40,9 @@ def init_parallel(
     warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.*is deprecated", category=FutureWarning)
     if ps.model_parallel_is_initialized():
         have = (dist.get_world_size(), ps.get_tensor_model_parallel_world_size())
-        if have != (world_size, tensor_parallel):
-            raise RuntimeError(f"model parallel already initialised as (world, tp)={have}")
+        if have != (world_size, tensor_parallel) or ps.get_expert_model_parallel_world_size() != expert_parallel:
+            raise RuntimeError(f"model parallel already initialised as (world, tp)={have}, "
+                               f"ep={ps.get_expert_model_parallel_world_size()}")
         return
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -57,7 +58,7 @@ def init_parallel(
             if master_port is not None:
                 os.environ["MASTER_PORT"] = str(master_port)
             dist.init_process_group(backend, world_size=world_size, rank=rank)
-    ps.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel)
+    ps.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel, expert_model_parallel_size=expert_parallel)
     model_parallel_cuda_manual_seed(seed)
 
 
@@ -96,6 +97,7 @@ def transformer_config(cfg: ModelConfig):
         qk_layernorm=cfg.qk_layernorm,
         add_qkv_bias=cfg.qkv_bias,
         layernorm_epsilon=cfg.norm_eps,
+        **(moe.megatron_kwargs(cfg) if cfg.experts else {}),
     )
 
 
@@ -119,7 +121,10 @@ def build_model(cfg: ModelConfig, seed: int = 0) -> torch.nn.Module:
         if not ps.model_parallel_is_initialized():
             init_parallel(seed=seed)
         torch.manual_seed(seed)
-        spec = get_gpt_layer_local_spec(normalization=cfg.normalization, qk_layernorm=cfg.qk_layernorm)
+        spec = get_gpt_layer_local_spec(num_experts=cfg.experts or None, normalization=cfg.normalization,
+                                        qk_layernorm=cfg.qk_layernorm)
+        if cfg.experts:
+            moe.apply_compat()
         if cfg.attention in ("sdpa", "tree"):
             from gyre_hpc.train.attention import SDPAttention, TreeAttention
 
