@@ -872,9 +872,9 @@ class GyreConfig:
         ep, experts = self.train.expert_parallel, self.model.experts
         require(ep == 1 or (experts > 0 and experts % ep == 0), "train.expert_parallel",
                 f"{ep} must divide model.experts={experts} (and needs a MoE model, experts > 0)")
-        require(ep == 1 or self.cluster.tensor_parallel == 1, "train.expert_parallel",
-                f"{ep} with cluster.tensor_parallel={self.cluster.tensor_parallel}: expert parallel runs with "
-                f"tensor_parallel 1 only")
+        require(experts == 0 or self.cluster.tensor_parallel == 1, "cluster.tensor_parallel",
+                f"{self.cluster.tensor_parallel} with model.experts={experts}: a MoE model trains with "
+                f"tensor_parallel 1 (experts split by train.expert_parallel instead)")
 
 
 # ----------------------------------------------------------------------------------------------- loader

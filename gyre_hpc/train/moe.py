@@ -16,7 +16,9 @@ Expert parallelism (``train.expert_parallel`` = EP): megatron's expert-parallel 
 holding global experts ``r * E/EP .. (r+1) * E/EP - 1`` as ``local_experts.0 ..``. The trainer feeds every rank of
 the group the same rows (as it does for tensor parallelism): the all-gather dispatcher then hands each expert every
 token EP times, so an expert's gradient is EP times the gradient of the step's loss; ``unreplicate_expert_grads``
-divides it back, and ``expert_grad_sq`` adds the experts of the other ranks to the global gradient norm.
+divides it back, and ``expert_grad_sq`` adds the experts of the other ranks to the global gradient norm. The trainer's data-parallel split of the micro-batches
+is off while EP > 1 (``check_world``: the world is exactly the expert-parallel group), since the dispatcher's
+all-gather needs every rank in every forward.
 
 Invariants (tests/integration/test_moe.py)
 - ``global_name(local_name(n, r, k), r, k) == n`` for every expert tensor ``n`` rank ``r`` holds; non-expert names
@@ -61,6 +63,28 @@ def megatron_kwargs(cfg) -> dict:
         moe_grouped_gemm=False,
         expert_model_parallel_size=ps.get_expert_model_parallel_world_size(),
     )
+
+
+def check_world(model_cfg, train_cfg) -> None:
+    """The trainer's world fits the config: its expert-parallel group has ``train.expert_parallel`` ranks, and
+    a MoE model trains with tensor parallel 1; else a ``ConfigError`` naming the key."""
+    from megatron.core import parallel_state as ps
+
+    from gyre_hpc.errors import ConfigError
+
+    _, size = ep_rank_size()
+    if size != train_cfg.expert_parallel:
+        raise ConfigError(f"train.expert_parallel: {train_cfg.expert_parallel}, but the training world's "
+                          f"expert-parallel group has {size} rank(s)")
+    if model_cfg.experts and ps.get_tensor_model_parallel_world_size() > 1:
+        raise ConfigError(f"model.experts: {model_cfg.experts} with tensor parallel "
+                          f"{ps.get_tensor_model_parallel_world_size()}: a MoE model trains with tensor parallel 1")
+    if size > 1 and ps.get_data_parallel_world_size() != size:
+        raise ConfigError(f"train.expert_parallel: {size} in a training world of {ps.get_data_parallel_world_size()} "
+                          f"data-parallel ranks: expert parallel replicates the rows over its group, so the world "
+                          f"must be exactly the expert-parallel group (tensor parallel 1)")
+    if model_cfg.experts and model_cfg.experts % size:
+        raise ConfigError(f"train.expert_parallel: {size} does not divide model.experts={model_cfg.experts}")
 
 
 def is_expert(name: str) -> bool:

@@ -41,7 +41,7 @@ from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.config import ModelConfig, TrainConfig
 from gyre_hpc.errors import TrajectoryError
 from gyre_hpc.train import checkpoint
-from gyre_hpc.train import agreement
+from gyre_hpc.train import agreement, moe
 from gyre_hpc.train.adamw import AdamW
 from gyre_hpc.train.layout import cut_overlong, layout
 from gyre_hpc.train.loss import chunked_logprobs, gather_logprobs, policy_loss, ppo_stats, tis_weights
@@ -84,6 +84,8 @@ class Trainer:
         if train_cfg.recompute:
             enable_recompute(self.model)
         self._head = lambda h: output_logits(self.model, h)
+        moe.check_world(model_cfg, train_cfg)
+        self._experts = {id(p) for n, p in self.model.named_parameters() if moe.is_expert(n)}
         self.device = next(self.model.parameters()).device
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = AdamW(
@@ -122,7 +124,8 @@ class Trainer:
         Z = float(batch.loss_mask.sum())
         ref = None if trainer_old is None else torch.from_numpy(np.asarray(trainer_old, np.float32).reshape(-1))
         loss_sum, kept = 0.0, []
-        dp_rank, dp, dp_group = _data_parallel()
+        # expert parallel: every rank of the group runs every micro-batch (gyre_hpc.train.moe), no data split
+        dp_rank, dp, dp_group = (0, 1, None) if moe.ep_rank_size()[1] > 1 else _data_parallel()
         parts = list(layout(batch, self.cfg.split_trees, self.cfg.micro_batch_tokens, origin0))
         for part, origin in parts[dp_rank::dp]:  # data parallel: each replica its share of the micro-batches
             if part.trained_tokens == 0:
@@ -150,6 +153,7 @@ class Trainer:
             kept.append((logp.detach(), entropy, weight, old, engine, m["version"][r, c], at, tis))
         if dp > 1:
             loss_sum, kept = self._reduce_replicas(loss_sum, kept, dp, dp_group)
+        moe.unreplicate_expert_grads(self.model)
         cols = list(zip(*kept))
         logp, entropy, weight, old, engine, gen, at = (torch.cat(x) for x in cols[:7])
         stats = ppo_stats(logp, old, weight, self.cfg.clip_eps) if self.cfg.loss == "ppo" else {}
@@ -240,10 +244,14 @@ class Trainer:
         tp_rank = ps.get_tensor_model_parallel_rank()
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
         for p in self.params:
+            if id(p) in self._experts:
+                continue  # summed over the expert-parallel group below
             if p.grad is not None and (getattr(p, "tensor_model_parallel", False) or tp_rank == 0):
                 sq += p.grad.detach().double().pow(2).sum()
         if ps.get_tensor_model_parallel_world_size() > 1:
             dist.all_reduce(sq, group=ps.get_tensor_model_parallel_group())
+        if self._experts:
+            sq += moe.expert_grad_sq(self.model, self.device)
         return math.sqrt(float(sq))
 
     def clip_grads(self) -> float:
