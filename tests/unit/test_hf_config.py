@@ -38,10 +38,10 @@ def test_rope_theta_falls_back_to_the_transformers4_key_then_10000():
     assert model_fields(old)["rotary_base"] == 10000
 
 
-@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen3MoeForCausalLM"])
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen2MoeForCausalLM"])
 def test_unsupported_architecture_is_refused_by_name_listing_supported(arch):
     with pytest.raises(UnsupportedModelError, match=f"{arch}.*not supported; supported: Qwen2ForCausalLM, "
-                                                    f"Qwen3ForCausalLM"):
+                                                    f"Qwen3ForCausalLM, Qwen3MoeForCausalLM"):
         model_fields({**QWEN3, "architectures": [arch]})
 
 
@@ -88,7 +88,7 @@ def test_hf_path_without_config_json_or_of_another_arch_fails_at_load(tmp_path):
 def test_without_hf_path_the_model_fields_are_as_written():
     cfg = ModelConfig()
     assert (cfg.hf_path, cfg.head_dim, cfg.qk_layernorm, cfg.qkv_bias, cfg.norm_eps) == (None, None, False, False, 1e-5)
-    assert SUPPORTED == ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
+    assert SUPPORTED == ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
 
 def test_yield_to_checkpoint_drops_exactly_the_conflicting_fields_so_the_section_builds(tmp_path):
