@@ -6,7 +6,7 @@
                            tokenizer.json, tokenizer_config.json, chat_template.jinja   (``gyre_hpc.models.init``)
 
 A model section that is Qwen3-format (``model.qk_layernorm: true``, as configs/local.yaml) and names no
-``model.hf_path`` has its initial weights written as a ``Qwen3ForCausalLM`` directory (random weights from
+``model.hf_path`` has its initial weights written as a ``Qwen3ForCausalLM`` directory (``Qwen3MoeForCausalLM`` with ``model.experts``) (random weights from
 ``run.seed``, the locally trained tokenizer with its chat template) before any rank starts. ``for_run`` then points
 ``model.hf_path`` there, and ``engine.model_path`` too when ``engine.kind`` is sglang: the trainer, the local engine
 and SGLang load the same checkpoint, and ``gyre model check RUN_DIR/model/init`` compares it with megatron.
@@ -50,9 +50,15 @@ def init_dir(run_dir: str | Path) -> Path:
 def init_args(cfg: GyreConfig) -> dict:
     """The keyword arguments of ``init_model`` for ``cfg``'s model section and ``run.seed``."""
     m = cfg.model
+    moe = dict(experts=m.experts, topk=m.experts_topk, moe_ffn=m.moe_ffn, norm_topk=m.norm_topk) if m.experts else {}
     return dict(hidden=m.hidden, layers=m.layers, heads=m.heads, kv_heads=m.kv_heads or m.heads, vocab=m.vocab_size,
                 context=m.max_seq_len, seed=cfg.run.seed, head_dim=m.head_dim, ffn=m.ffn, tie=m.tie_embeddings,
-                rope_theta=float(m.rotary_base), norm_eps=m.norm_eps)
+                rope_theta=float(m.rotary_base), norm_eps=m.norm_eps, **moe)
+
+
+def arch_of(args: dict) -> str:
+    """``init_model``'s arch for ``init_args``: qwen3_moe when the model has experts, else qwen3."""
+    return "qwen3_moe" if args.get("experts") else "qwen3"
 
 
 def cache_key(args: dict) -> str:
@@ -61,7 +67,7 @@ def cache_key(args: dict) -> str:
 
     here = Path(__file__).parent
     source = hashlib.sha256(b"".join((here / f).read_bytes() for f in ("init.py", "chat_template.py"))).hexdigest()
-    spec = {"arch": "qwen3", **args, "source": source,
+    spec = {"arch": arch_of(args), **args, "source": source,
             "versions": {lib: version(lib) for lib in ("torch", "transformers", "tokenizers", "safetensors")}}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:24]
 
@@ -110,7 +116,7 @@ def materialise(cfg: GyreConfig, run_dir: str | Path) -> Path | None:
     except OSError:  # no writable cache (or it changed under us): this run's own copy
         from gyre_hpc.models.init import init_model
 
-        return init_model("qwen3", out, **args)
+        return init_model(arch_of(args), out, **args)
 
 
 def _cached(args: dict) -> Path:
@@ -119,7 +125,7 @@ def _cached(args: dict) -> Path:
 
     path = cache_root() / cache_key(args)
     if not path.is_dir():
-        init_model("qwen3", path, overwrite=True, **args)  # a concurrent writer writes the same bytes
+        init_model(arch_of(args), path, overwrite=True, **args)  # a concurrent writer writes the same bytes
     return path
 
 

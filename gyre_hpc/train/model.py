@@ -139,6 +139,8 @@ def build_model(cfg: ModelConfig, seed: int = 0) -> torch.nn.Module:
             rotary_base=cfg.rotary_base,
             share_embeddings_and_output_weights=cfg.tie_embeddings,
         )
+    if cfg.experts:
+        moe.skip_expert_bias(model)
     if cfg.hf_path is not None:
         from gyre_hpc.train.hf_weights import load_hf_weights
 

@@ -24,6 +24,7 @@ Invariants (tests/integration/test_moe.py)
 - ``global_name(local_name(n, r, k), r, k) == n`` for every expert tensor ``n`` rank ``r`` holds; non-expert names
   are unchanged.
 - EP 2 gives the loss, gradient norm and updated parameters of EP 1 within 1e-5 relative (float32, gloo).
+- A router without expert bias never calls ``torch.compile`` (``skip_expert_bias``).
 - ``apply_compat`` only fills a name megatron-core 0.16.1 leaves undefined without TransformerEngine
   (``moe_utils.te_general_gemm``), so the router's plain ``torch.mm`` path runs; with TE installed it does nothing.
 """
@@ -44,6 +45,21 @@ def apply_compat() -> None:
 
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
+
+
+def _no_expert_bias(routing_map, padding_mask=None) -> None:
+    return None
+
+
+def skip_expert_bias(model: torch.nn.Module) -> None:
+    """Replace each router's ``_apply_expert_bias`` (a ``@jit_fuser`` function: ``torch.compile`` at its first
+    call, ~20 s of importing and compiling inductor, in the middle of a live run's first step) by a no-op where it
+    is one: without ``moe_router_enable_expert_bias`` it changes nothing."""
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    for module in model.modules():
+        if isinstance(module, TopKRouter) and not module.enable_expert_bias:
+            module._apply_expert_bias = _no_expert_bias
 
 
 def megatron_kwargs(cfg) -> dict:
