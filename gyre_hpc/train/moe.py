@@ -35,6 +35,8 @@ import re
 import torch
 import torch.distributed as dist
 
+from gyre_hpc.config import ModelConfig, TrainConfig
+
 #: a megatron expert tensor: decoder.layers.{i}.mlp.experts.local_experts.{e}.<rest>
 EXPERT = re.compile(r"^(decoder\.layers\.\d+\.mlp\.experts\.local_experts\.)(\d+)(\..+)$")
 
@@ -62,7 +64,7 @@ def skip_expert_bias(model: torch.nn.Module) -> None:
             module._apply_expert_bias = _no_expert_bias
 
 
-def megatron_kwargs(cfg) -> dict:
+def megatron_kwargs(cfg: ModelConfig) -> dict:
     """The ``TransformerConfig`` fields of the MoE model ``cfg`` (a ``ModelConfig`` with ``experts > 0``)."""
     from megatron.core import parallel_state as ps
 
@@ -81,7 +83,7 @@ def megatron_kwargs(cfg) -> dict:
     )
 
 
-def check_world(model_cfg, train_cfg) -> None:
+def check_world(model_cfg: ModelConfig, train_cfg: TrainConfig) -> None:
     """The trainer's world fits the config: its expert-parallel group has ``train.expert_parallel`` ranks, and
     a MoE model trains with tensor parallel 1; else a ``ConfigError`` naming the key."""
     from megatron.core import parallel_state as ps
