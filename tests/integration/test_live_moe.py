@@ -16,6 +16,7 @@ OVERRIDES = MOE + [
     "cluster.cells=2", "scheduler.policy=colocate", "scheduler.batch_groups=2", "allocator.steps=2",
     "scheduler.mu=1", "agent.runs_per_group=2", "agent.turns=[1, 2]", "agent.timeout_s=120", "run.name=moe",
     "allocator.hello_timeout_s=300", "proxy.startup_timeout_s=300", "train.epochs=1",
+    "proxy.no_engine_wait_s=300",  # colocate trains on every cell: calls wait out engine restarts under load
 ]
 
 
