@@ -257,7 +257,7 @@ def _dry_run(cfg, args: argparse.Namespace) -> int:
         launch_cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-n", str(layout.world_size)]
         launch_cmd += rank_command(args, run_dir)
         source = "no SLURM job: local node names, one machine"
-    problems = geometry_problems(cfg.cluster, cfg.model, cfg.engine)
+    problems = geometry_problems(cfg.cluster, cfg.model, cfg.engine, cfg.train)
     if args.json:
         print(json.dumps(as_json(layout, cfg.cluster, cfg.engine.tp, source, [launch_cmd], problems)))
     else:

@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from gyre_hpc.config import ClusterConfig, EngineConfig, GyreConfig, ModelConfig
+from gyre_hpc.config import ClusterConfig, EngineConfig, GyreConfig, ModelConfig, TrainConfig
 from gyre_hpc.errors import LayoutError
 from gyre_hpc.slurm.env import SlurmEnv
 
@@ -243,13 +243,14 @@ def preflight(cfg: GyreConfig, nodes: Sequence[str] | None = None, gpus_on_node:
 
     validate(cfg.scheduler.policy, cfg.scheduler, cfg.cluster.cells)
     layout = plan(cfg.cluster, local_nodes(cfg.cluster) if nodes is None else nodes, gpus_on_node)
-    for problem in geometry_problems(cfg.cluster, cfg.model, cfg.engine):
+    for problem in geometry_problems(cfg.cluster, cfg.model, cfg.engine, cfg.train):
         raise LayoutError(problem)
     return layout
 
 
-def geometry_problems(c: ClusterConfig, m: ModelConfig, e: EngineConfig) -> list[str]:
-    """What in the parallel layout the model or the engines cannot take, one line each (empty: it fits)."""
+def geometry_problems(c: ClusterConfig, m: ModelConfig, e: EngineConfig, t: TrainConfig | None = None) -> list[str]:
+    """What in the parallel layout the model, the trainer or the engines cannot take, one line each (empty: it
+    fits)."""
     tp, pp = c.tensor_parallel, c.pipeline_parallel
     sizes = {"heads": m.heads, "kv_heads": m.heads if m.kv_heads is None else m.kv_heads, "vocab_size": m.vocab_size}
     out = [f"cluster.tensor_parallel={tp} does not divide model.{key}={sizes[key]}: every tensor-parallel rank "
@@ -263,6 +264,9 @@ def geometry_problems(c: ClusterConfig, m: ModelConfig, e: EngineConfig) -> list
     if pp > 1:
         out.append(f"cluster.pipeline_parallel={pp}: the live trainer runs no pipeline schedule yet (megatron's "
                    f"schedules need CUDA, docs/architecture.md); use 1 and scale with tensor_parallel and cells")
+    if t is not None and t.expert_parallel > 1:
+        out.append(f"train.expert_parallel={t.expert_parallel}: the live cells build no expert-parallel world yet "
+                   f"(the trainer alone does: tests/integration/test_moe.py); use 1 in a live run")
     if c.workers % e.tp:
         out.append(f"engine.tp={e.tp} does not divide the {c.workers} workers per node: an engine replica's GPUs "
                    f"are on one node")

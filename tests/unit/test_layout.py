@@ -176,3 +176,11 @@ def test_preflight_passes_a_fitting_layout_and_gives_its_world():
     assert preflight(cfg).world_size == 1 + 4 * 4
     with pytest.raises(LayoutError, match="has 4 nodes but .* needs 8"):
         preflight(cfg, nodes=("a", "b", "c", "d"))
+
+
+def test_preflight_refuses_expert_parallel_in_a_live_run_naming_the_key():
+    from gyre_hpc.slurm.layout import preflight
+
+    cfg = live(**{"model.experts": 4, "model.experts_topk": 2, "model.moe_ffn": 32, "train.expert_parallel": 2})
+    with pytest.raises(LayoutError, match=r"^train.expert_parallel=2: the live cells build no expert-parallel"):
+        preflight(cfg)
