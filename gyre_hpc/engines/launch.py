@@ -46,7 +46,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import yaml
 
@@ -191,8 +191,10 @@ def _spawn(cmd: list[str], url: str, log_path: Path | None, timeout_s: float, na
 
 def start_local_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0, index: int = 0,
                        port: int | None = None, log_path: str | Path | None = None,
-                       config_dir: str | Path | None = None, name: str = "engine") -> EngineHandle:
-    """Start the local engine on ``port`` (default ``engine.port_base + index``) and wait until it is healthy."""
+                       config_dir: str | Path | None = None, name: str = "engine",
+                       devices: str | None = None) -> EngineHandle:
+    """Start the local engine on ``port`` (default ``engine.port_base + index``) and wait until it is healthy;
+    ``devices``: its ``CUDA_VISIBLE_DEVICES`` (``device_env``)."""
     port = port if port is not None else engine_cfg.port_base + index
     cfg = GyreConfig(run=RunConfig(seed=seed), engine=engine_cfg, model=model_cfg)
     data = {k: v for k, v in to_dict(cfg).items() if k in ("run", "engine", "model")}
@@ -206,7 +208,7 @@ def start_local_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: i
            "--config", str(config_path)]
     url = f"http://{engine_cfg.host}:{port}"
     return _spawn(cmd, url, Path(log_path) if log_path else None, engine_cfg.startup_timeout_s,
-                  f"{name} (local engine)", scratch=scratch)
+                  f"{name} (local engine)", device_env(devices), scratch=scratch)
 
 
 def sglang_secret_config(directory: str | Path, port: int) -> Path:
@@ -256,6 +258,8 @@ def sglang_command(engine_cfg: EngineConfig, port: int, device: str = "cuda",
            "--max-running-requests", str(engine_cfg.max_running_requests),
            "--context-length", str(engine_cfg.context_len),
            "--weight-version", engine_cfg.initial_weight_version]
+    if engine_cfg.tp > 1:  # one replica on engine.tp GPUs (CUDA_VISIBLE_DEVICES names them: device_env)
+        cmd += ["--tp-size", str(engine_cfg.tp)]
     total = engine_cfg.max_total_tokens
     if device == "cpu":
         cmd += ["--device", "cpu"]
@@ -270,10 +274,53 @@ def sglang_command(engine_cfg: EngineConfig, port: int, device: str = "cuda",
     return [*cmd, *engine_cfg.sglang_args]
 
 
-def sglang_env(device: str) -> dict[str, str]:
+def device_env(devices: str | None) -> dict[str, str]:
+    """``{CUDA_VISIBLE_DEVICES: devices}`` for an engine replica on its own GPUs (``replicas.ReplicaSpec``);
+    nothing without (a CPU replica, or a caller that leaves the GPUs as they are)."""
+    return {} if devices is None else {"CUDA_VISIBLE_DEVICES": devices}
+
+
+def sglang_env(device: str, tp: int = 1, cores: Sequence[int] | None = None) -> dict[str, str]:
     """Environment an SGLang server needs on ``device``: on cpu SGLANG_USE_CPU_ENGINE=1 (without it the server
-    dies ~20 s in on ``No module named 'vllm'``)."""
-    return {"SGLANG_USE_CPU_ENGINE": "1"} if device == "cpu" else {}
+    dies ~20 s in on ``No module named 'vllm'``), and with ``tp`` > 1 the cores of each TP rank
+    (``SGLANG_CPU_OMP_THREADS_BIND``, ``omp_bind``; without it SGLang asserts one NUMA node per rank:
+    docs/engines.md), unless the caller's environment already sets it."""
+    if device != "cpu":
+        return {}
+    env = {"SGLANG_USE_CPU_ENGINE": "1"}
+    if tp > 1 and not os.environ.get(OMP_BIND):
+        env[OMP_BIND] = omp_bind(sorted(os.sched_getaffinity(0)) if cores is None else cores, tp)
+    return env
+
+
+#: SGLang's per-rank CPU core list on CPU (``|`` between ranks)
+OMP_BIND = "SGLANG_CPU_OMP_THREADS_BIND"
+
+
+def omp_bind(cores: Sequence[int], tp: int) -> str:
+    """``cores`` split into ``tp`` contiguous groups, one per TP rank, as SGLang reads them: ``0-1|2-3``; an
+    ``EngineError`` naming engine.tp when there are fewer cores than ranks."""
+    cores = list(cores)
+    if len(cores) < tp:
+        raise EngineError(f"engine.tp={tp}: SGLang on CPU binds each TP rank to its own cores, and this process may "
+                          f"use {len(cores)} ({cores}); use engine.tp <= {len(cores)}")
+    size, extra = divmod(len(cores), tp)
+    groups, at = [], 0
+    for rank in range(tp):
+        n = size + (rank < extra)
+        groups.append(_ranges(cores[at:at + n]))
+        at += n
+    return "|".join(groups)
+
+
+def _ranges(cores: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0-2,5``."""
+    out, start = [], cores[0]
+    for prev, cur in zip(cores, cores[1:] + [None]):
+        if cur is None or cur != prev + 1:  # a run of consecutive cores ends at prev
+            out.append(f"{start}-{prev}" if prev != start else str(start))
+            start = cur
+    return ",".join(out)
 
 
 #: what the engine's log says when another process took its port first (uvicorn: "[Errno 98] ... address already in use")
@@ -307,13 +354,14 @@ def on_free_port(start: Callable[..., EngineHandle], *args, host: str = "127.0.0
 
 def start_engine_on_free_port(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0,
                               log_path: str | Path | None = None, tries: int = 3, name: str = "engine",
-                              config_dir: str | Path | None = None) -> EngineHandle:
+                              config_dir: str | Path | None = None, devices: str | None = None) -> EngineHandle:
     """``start_engine`` on a port that ``free_port`` found free. On a shared machine another process can bind it
     before the engine does (seen in live runs); then the engine exits and another port is tried, ``tries`` times.
     A local engine a signal killed while it started is started again the same way (``KILLED_STARTING``); SGLang
     SIGKILLs its own process tree when its start fails (a bad model path), so that is not retried."""
     return on_free_port(start_engine, engine_cfg, model_cfg, seed, host=engine_cfg.host, tries=tries,
-                        retry_killed=engine_cfg.kind == "local", log_path=log_path, name=name, config_dir=config_dir)
+                        retry_killed=engine_cfg.kind == "local", log_path=log_path, name=name, config_dir=config_dir,
+                        devices=devices)
 
 
 def require_port_free(host: str, port: int, name: str) -> None:
@@ -349,14 +397,16 @@ def require_weights(model_path: str | Path, name: str) -> None:
 
 def start_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0, index: int = 0,
                  port: int | None = None, log_path: str | Path | None = None, name: str = "engine",
-                 config_dir: str | Path | None = None) -> EngineHandle:
+                 config_dir: str | Path | None = None, devices: str | None = None) -> EngineHandle:
     """Start engine ``index`` of the kind ``engine.kind`` names; ``name`` (e.g. ``cell2``) heads any error. A local
     engine's config goes to ``config_dir`` (default: a scratch directory its handle removes); SGLang's holds the
     job secret, so it goes to a private scratch directory the handle removes, made in ``config_dir`` when given
     (a live run's cell directory: a rank killed while its server starts leaves it beside the run's own secret
-    file, not in the machine's temporary directory)."""
+    file, not in the machine's temporary directory). ``devices``: the replica's ``CUDA_VISIBLE_DEVICES``
+    (``replicas.ReplicaSpec.visible_devices``); SGLang runs ``--tp-size engine.tp`` over them."""
     if engine_cfg.kind == "local":
-        return start_local_engine(engine_cfg, model_cfg, seed, index, port, log_path, config_dir, name=name)
+        return start_local_engine(engine_cfg, model_cfg, seed, index, port, log_path, config_dir, name=name,
+                                  devices=devices)
     if importlib.util.find_spec("sglang") is None:
         raise EngineError(f"{name}: engine.kind=sglang but the sglang package is not installed "
                           "(bash scripts/setup.sh --sglang)")
@@ -369,6 +419,6 @@ def start_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0
     scratch = scratch_dir("sglang", config_dir)
     secret_config = sglang_secret_config(scratch, port)
     # its ipc sockets stay on a local disk: a run directory may be on a shared file system
-    env = sglang_env(device) | (sglang_tmpdir(scratch) if config_dir is None else {})
+    env = sglang_env(device, engine_cfg.tp) | (sglang_tmpdir(scratch) if config_dir is None else {}) | device_env(devices)
     return _spawn(sglang_command(engine_cfg, port, device, secret_config), url, Path(log_path) if log_path else None,
                   engine_cfg.startup_timeout_s, f"{name} (sglang on {device})", env, scratch)
