@@ -86,3 +86,22 @@ def test_sglang_runs_tp_size_and_binds_each_cpu_rank_to_its_own_cores():
                                                          "SGLANG_CPU_OMP_THREADS_BIND": "0-1|2-3"}
     assert sglang_env("cpu") == {"SGLANG_USE_CPU_ENGINE": "1"} and sglang_env("cuda", 2) == {}
     assert device_env("2,3") == {"CUDA_VISIBLE_DEVICES": "2,3"} and device_env(None) == {}
+
+
+def test_the_router_balances_over_every_replica_of_every_cell_and_a_cell_drain_takes_all_of_its_replicas():
+    from gyre_hpc.proxy.routing import Router
+
+    router = Router()
+    for cell, replica in itertools.product(range(2), range(2)):
+        name = replica_name(cell, replica, 2, 1)
+        router.add(name, f"http://h:{port_index(cell, replica, 2) + 30000}", cell)
+    for i in range(8):  # a replica is an engine to the balance rule: least loaded, ties to the first added
+        router.start(f"k{i}", f"run{i}")
+    assert [e.load for e in router.engines()] == [2, 2, 2, 2]
+    assert router.cell_engines(0) == ["cell0-r0-e1", "cell0-r1-e1"]
+    keys = router.drain(router.cell_engines(0))  # what the proxy's drain(cell=0) does
+    assert keys == sorted(k for e in router.engines()[:2] for k in e.in_flight) and len(keys) == 4
+    assert [e.name for e in router.active()] == ["cell1-r0-e1", "cell1-r1-e1"]
+    for i in range(8, 12):  # new runs go to the other cell's replicas only, spread over both
+        router.start(f"k{i}", f"run{i}")
+    assert [e.load for e in router.active()] == [4, 4]
