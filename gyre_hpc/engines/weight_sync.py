@@ -152,8 +152,11 @@ class WeightPusher:
     """Pushes versions into one engine (``client``: an ``EngineClient``) over a group it opens once."""
 
     def __init__(self, client, host: str = "127.0.0.1", backend: str = "gloo", retries: int = 2,
-                 timeout_s: float = 60.0, group_name: str = GROUP_NAME, clock: Clock | None = None):
-        self.client, self.host, self.backend = client, host, backend
+                 timeout_s: float = 60.0, group_name: str = GROUP_NAME, clock: Clock | None = None,
+                 engine_ranks: int = 1):
+        """``group_name``: unique among this process's pushers (one per engine replica); ``engine_ranks``: the
+        engine's TP size (each of its ranks joins the group after ours: world size 1 + engine_ranks)."""
+        self.client, self.host, self.backend, self.engine_ranks = client, host, backend, engine_ranks
         self.clock = clock or WallClock()  # push timings and the broadcasts' deadline
         self.retries, self.timeout_s, self.group_name = retries, timeout_s, group_name
         self.pg = None
@@ -183,9 +186,10 @@ class WeightPusher:
         from gyre_hpc.engines.launch import free_port
 
         port = free_port()
-        call = _Call(self.client.init_weights_update_group, self.host, port, 1, 2, self.group_name, self.backend)
+        world = 1 + self.engine_ranks
+        call = _Call(self.client.init_weights_update_group, self.host, port, 1, world, self.group_name, self.backend)
         try:
-            pg = open_group(self.host, port, 2, 0, self.group_name, self.backend, self.timeout_s)
+            pg = open_group(self.host, port, world, 0, self.group_name, self.backend, self.timeout_s)
         except Exception:
             call.join(self.timeout_s)
             if call.error is not None:

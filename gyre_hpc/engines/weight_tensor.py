@@ -104,14 +104,17 @@ def deserialize(data: bytes) -> list[tuple[str, torch.Tensor]]:
     return list(named)
 
 
-def make_pusher(engine_cfg: EngineConfig, client, timeout_s: float = 60.0, clock: Clock | None = None):
-    """The pusher ``engine.weight_road`` names for ``client``'s engine (a ``WeightPusher`` or a ``TensorPusher``)."""
-    from gyre_hpc.engines.weight_sync import WeightPusher, group_backend
+def make_pusher(engine_cfg: EngineConfig, client, timeout_s: float = 60.0, clock: Clock | None = None,
+                group_name: str | None = None):
+    """The pusher ``engine.weight_road`` names for ``client``'s engine (a ``WeightPusher`` or a ``TensorPusher``),
+    for an engine of ``engine.tp`` ranks; ``group_name``: the weight group's (default ``weight_sync.GROUP_NAME``),
+    one per engine a process pushes into (engine replicas)."""
+    from gyre_hpc.engines.weight_sync import GROUP_NAME, WeightPusher, group_backend
 
     if engine_cfg.weight_road == "tensor":
-        return TensorPusher(client, clock=clock)
+        return TensorPusher(client, tp_size=engine_cfg.tp, clock=clock)
     return WeightPusher(client, host=engine_cfg.host, backend=group_backend(engine_cfg.device), timeout_s=timeout_s,
-                        clock=clock)
+                        clock=clock, group_name=group_name or GROUP_NAME, engine_ranks=engine_cfg.tp)
 
 
 def encode(data: bytes) -> str:

@@ -13,6 +13,7 @@
                        start the engine on the newest weights · register with the proxy ─▶ SwitchDone(timing)
     engine died:       (ROLLOUT, the Popen polled every pass) the proxy takes it out and moves its calls ─▶
                        EngineDied · start a new engine on the newest weights ─▶ EngineRestarted
+                       (per replica: a cell's other engine replicas serve on meanwhile)
                        (after engine.max_restarts restarts, or a failed start: CellFailed, the cell ends)
     Shutdown:          stop the engine · write cells/cell<c>.json · Bye
     preemption signal: noted (no more weight refreshes: under SLURM it may have reached the engine too); the
@@ -43,6 +44,7 @@ import concurrent.futures
 import json
 import sys
 from pathlib import Path
+from typing import Sequence
 
 from gyre_hpc.allocator.cell_link import CellLink
 from gyre_hpc.allocator.messages import (CellFailed, EngineDied, EngineRestarted, Shutdown, SwitchDone, SwitchTo,
@@ -57,6 +59,7 @@ from gyre_hpc.errors import GyreError, TransferError
 from gyre_hpc.io import atomic_write_json
 from gyre_hpc.live.preempt import Preemption
 from gyre_hpc.proxy.routing import ProxyError
+from gyre_hpc.replicas import ReplicaSpec
 
 CORE = 0  # the allocator's core cell (AllocatorServer's default)
 UNSENT_SETTLE_S = 30.0  # after Bye: how long a send left pending at Shutdown waits for the core to take it
@@ -70,9 +73,11 @@ class _RunOver(Exception):
 class CellRunner:
     def __init__(self, run_dir: Path, transport, comm, proxy_url: str, preemption: Preemption | None = None, *,
                  allocator: AllocatorConfig, engine: EngineConfig, model: ModelConfig, train: TrainConfig,
-                 transfer: TransferConfig, proxy: ProxyConfig, seed: int, batch_groups: int, orders=None):
+                 transfer: TransferConfig, proxy: ProxyConfig, seed: int, batch_groups: int, orders=None,
+                 replicas: Sequence[ReplicaSpec] = (ReplicaSpec(0),)):
         """Each side gets its own sections; ``batch_groups`` is ``scheduler.batch_groups`` (the core steps on it);
-        ``orders``: the cell's other workers (``gyre_hpc.live.workers.Orders``; None: a one-worker cell)."""
+        ``orders``: the cell's other workers (``gyre_hpc.live.workers.Orders``; None: a one-worker cell);
+        ``replicas``: the engine replicas the cell serves in rollout (``replicas.leader_replicas``)."""
         self.run_dir, self.comm, self.orders = Path(run_dir), comm, orders
         self.allocator, self.max_restarts, self.batch_groups = allocator, engine.max_restarts, batch_groups
         self.training = dict(model=model, train=train, transfer=transfer, seed=seed, orders=orders)  # a trainer's
@@ -80,7 +85,7 @@ class CellRunner:
         self.link = CellLink(transport, self.cell, allocator.heartbeat_interval_s)
         self.is_core = self.cell == CORE
         self.rollout = RolloutSide(self.run_dir, self.cell, proxy_url, engine=engine, model=model, transfer=transfer,
-                                   proxy=proxy, seed=seed, clock=self.clock)
+                                   proxy=proxy, seed=seed, clock=self.clock, replicas=replicas)
         self.trainer: CoreTrainer | SatelliteTrainer | None = None
         self.role = Role.ROLLOUT
         self.switches: list[dict] = []
@@ -168,9 +173,9 @@ class CellRunner:
             return self._give_up(f"engine restart failed: {exc}")
         start_s = timing["engine_start_s"] + timing["register_s"]
         self.rollout.deaths[-1]["restart_s"] = start_s
-        self.link.send(EngineRestarted(cell=self.cell, pid=self.rollout.handle.pid, start_s=start_s,
-                                       version=max(self.rollout.version, 0), engine=self.rollout.name,
-                                       restarts=restarts))
+        back = self.rollout.replicas[self.rollout.deaths[-1]["replica"]]  # the dead replica, restarted alone
+        self.link.send(EngineRestarted(cell=self.cell, pid=back.handle.pid, start_s=start_s,
+                                       version=max(back.version, 0), engine=back.name, restarts=restarts))
         return True
 
     def _give_up(self, reason: str) -> bool:
@@ -338,6 +343,7 @@ class CellRunner:
         pulls = self.earlier.get("pulls", []) + getattr(self.trainer, "pulls", [])
         stats = {"cell": self.cell, "core": self.is_core, "switches": self.switches, "pulls": pulls,
                  "pull_retries": self.earlier.get("pull_retries", []) + getattr(self.trainer, "pull_retries", []),
+                 "engine_replicas": len(self.rollout.replicas),
                  "engine_starts": self.rollout.starts, "engine_wakes": self.rollout.wakes,
                  "weight_updates": self.rollout.updates, "weight_syncs": self.rollout.syncs,
                  "weight_sync_errors": self.rollout.pull_errors,

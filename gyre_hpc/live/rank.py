@@ -224,13 +224,14 @@ def _role(cfg: GyreConfig, args: argparse.Namespace, run_dir: Path, transport, c
     else:
         from gyre_hpc.live.cell_runner import CellRunner
         from gyre_hpc.live.workers import Orders
+        from gyre_hpc.replicas import leader_replicas
 
         proxy_url = comm.bcast(None, root=0)
         orders = Orders(worlds.cell, cfg.cluster, worlds.hosts) if worlds.size > 1 else None
         runner = CellRunner(run_dir, transport, comm, proxy_url, preemption, allocator=cfg.allocator,
                             engine=cfg.engine, model=cfg.model, train=cfg.train, transfer=cfg.transfer,
                             proxy=cfg.proxy, seed=cfg.run.seed, batch_groups=cfg.scheduler.batch_groups,
-                            orders=orders)
+                            orders=orders, replicas=leader_replicas(cfg.cluster, cfg.engine))
         runner.run()
         preempted = runner.preempted
     return PREEMPTED_EXIT if preempted else 0

@@ -1,5 +1,13 @@
 """The rollout side of a cell (edge: engine processes, the proxy's admin API).
 
+A cell serves ``replicas.replicas_per_cell`` engine replicas (``live.engine_replica.EngineReplica``: one server
+process each, ``engine.tp`` GPUs each, its own port and proxy name); with one, everything below is exactly the
+single-engine behaviour. Every step below applies to each replica: ``start()`` starts (or wakes) every replica
+that does not serve, side by side, and registers each once it is on the newest version; ``refresh()`` pulls a new
+version once and pushes it into every replica; ``leave()`` drains all the cell's replicas in one proxy call (their
+calls move to other cells' engines, never to a sibling that is leaving too) and stops or puts each to sleep;
+``reap()`` takes out one dead replica and ``start()`` then restarts it alone, its siblings serving meanwhile.
+
 ``start()`` launches the cell's engine (``engines.launch.start_engine``) on its initial weights (the seed's, or
 ``model.hf_path``'s: the trainer's version 0), brings it to the newest published version (``refresh``), then
 registers it with the proxy under a fresh name. ``refresh()`` brings a newer version into the running engine
@@ -19,7 +27,7 @@ in every pass); ``reap()`` marks it dead in the proxy — which resubmits its ca
 before (often it has already noticed the broken connections itself) —, removes it, and returns the proxy's
 ``move`` records for it; the runner then ``start()``s a new engine on the newest weights.
 
-Invariants (tests/integration/test_live_training.py)
+Invariants (tests/integration/test_live_training.py; several replicas: tests/integration/test_live_replicas.py)
 - An engine is registered with the proxy only once it is healthy and serves the newest version, and removed
   from the proxy before it stops or sleeps, so the proxy never routes a new call to a stopping or sleeping engine; a woken engine is
   registered only after it loaded the newest weights.
@@ -31,14 +39,18 @@ Invariants (tests/integration/test_live_training.py)
 """
 from __future__ import annotations
 
-import dataclasses
+import concurrent.futures
 from pathlib import Path
+from typing import Callable, Sequence, TypeVar
 
 from gyre_hpc.live import store
 from gyre_hpc.clock import Clock, WallClock, wait_until
-from gyre_hpc.live.engine_weights import start_model_dir
 from gyre_hpc.config import EngineConfig, ModelConfig, ProxyConfig, TransferConfig
-from gyre_hpc.errors import EngineError, TransferError
+from gyre_hpc.errors import TransferError
+from gyre_hpc.live.engine_replica import EngineReplica
+from gyre_hpc.replicas import ReplicaSpec
+
+T = TypeVar("T")
 
 PULL_GIVE_UP_S = 60.0  # a rollout cell whose pulls of a published version fail this long raises (TransferError)
 MOVES_WAIT_S = 5.0  # how long reap() waits for the proxy to log the moves of the dead engine's calls
@@ -46,84 +58,68 @@ MOVES_WAIT_S = 5.0  # how long reap() waits for the proxy to log the moves of th
 
 class RolloutSide:
     def __init__(self, run_dir: Path, cell: int, proxy_url: str, *, engine: EngineConfig, model: ModelConfig,
-                 transfer: TransferConfig, proxy: ProxyConfig, seed: int, clock: Clock | None = None):
+                 transfer: TransferConfig, proxy: ProxyConfig, seed: int, clock: Clock | None = None,
+                 replicas: Sequence[ReplicaSpec] = (ReplicaSpec(0),)):
+        """``replicas``: the engine replicas this process serves for the cell (``replicas.replica_specs``)."""
         self.run_dir, self.cell, self.proxy_url = run_dir, cell, proxy_url
         self.engine, self.model, self.transfer, self.proxy, self.seed = engine, model, transfer, proxy, seed
         self.clock = clock or WallClock()  # timings, the pull give-up window, death stamps
-        self.handle = None
-        self.client = None
-        self.version = -1
-        self.starts = 0
-        self.updates = 0
-        self.name = ""
+        self.replicas = [EngineReplica(spec, cell, len(replicas), run_dir, engine=engine, model=model, seed=seed,
+                                       push_timeout_s=transfer.timeout_s * 2.0, clock=self.clock)
+                         for spec in replicas]
+        self.updates = 0  # versions pushed into engines (one per replica and version)
         self.deaths: list[dict] = []
-        self.asleep = False
-        self.wakes = 0
         self.puller = None  # the transfer backend's puller, made at the first refresh (after any fork)
-        self.pusher = None  # engines.weight_sync.WeightPusher of the running engine
-        self.syncs: list[dict] = []  # one record per version pushed: pull and push timings
+        self.syncs: list[dict] = []  # one record per version pushed into a replica: pull and push timings
         self.pull_errors: list[dict] = []  # failed pulls (retried at the next refresh)
         self._failing: float | None = None
 
     @property
     def running(self) -> bool:
         """An engine serves (or should: a dead one is found by ``dead()``); a sleeping one does not."""
-        return self.handle is not None and not self.asleep
+        return any(r.running for r in self.replicas)
+
+    @property
+    def starts(self) -> int:
+        """Engine processes started, over every replica."""
+        return sum(r.starts for r in self.replicas)
+
+    @property
+    def wakes(self) -> int:
+        return sum(r.wakes for r in self.replicas)
 
     def start(self) -> dict:
-        """Start and register the engine; returns the timing (engine_start_s, register_s)."""
-        from gyre_hpc.engines.launch import start_engine_on_free_port
-
-        if self.asleep:
-            return self._wake()
+        """Start (or wake) every replica that does not serve, bring each to the newest version, then register it;
+        returns the timing (engine_start_s or engine_wake_s, register_s)."""
+        todo = [r for r in self.replicas if not r.running]
         t0 = self.clock.now()
-        # its initial weights (the seed's, or model.hf_path's: version 0); SGLang serves an HF directory
-        engine = dataclasses.replace(self.engine, model_path=start_model_dir(self.engine, self.model))
-        self.starts += 1
-        logs = self.run_dir / "cells" / f"cell{self.cell}"
-        self.handle = start_engine_on_free_port(engine, self.model, seed=self.seed,
-                                                log_path=logs / f"engine-{self.starts}.log", name=f"cell{self.cell}",
-                                                config_dir=logs)
-        self.client = self.handle.client(timeout=engine.request_timeout_s)
-        self.pusher = self._pusher()
-        self.version = int(self.client.weight_version())
-        self.refresh()  # the newest version, by the one road, before the proxy sees the engine
+        kinds = _each(self._bring_up, todo)
+        self.refresh()  # the newest version, by the one road, before the proxy sees the engines
         t1 = self.clock.now()
-        self._register(f"cell{self.cell}-e{self.starts}")
-        return {"engine_start_s": t1 - t0, "register_s": self.clock.now() - t1}
+        for r in todo:
+            r.register(self.proxy_url)
+        part = "engine_wake_s" if kinds and all(k == "wake" for k in kinds) else "engine_start_s"
+        return {part: t1 - t0, "register_s": self.clock.now() - t1}
 
-    def _wake(self) -> dict:
-        """Wake the sleeping engine, load the newest weights, register it; returns the timing."""
-        self.asleep = False
-        if not self.alive():  # it died in its sleep: a fresh start instead
-            self.stop()
-            return self.start()
-        t0 = self.clock.now()
-        self.client.resume_memory()
-        self.version = int(self.client.weight_version())  # back to the disk weights' version if they were pushed
-        self.refresh()
-        t1 = self.clock.now()
-        self.wakes += 1
-        self._register(f"cell{self.cell}-e{self.starts}w{self.wakes}")
-        return {"engine_wake_s": t1 - t0, "register_s": self.clock.now() - t1}
-
-    def _register(self, name: str) -> None:
-        """Add the engine to the proxy under ``name`` (a fresh one per start or wake)."""
-        from gyre_hpc.proxy.client import ProxyClient
-
-        self.name = name
-        with ProxyClient(self.proxy_url, timeout=30.0) as proxy:
-            proxy.add_engine(self.handle.url, cell=self.cell, name=name)
-
-    def _pusher(self):
-        from gyre_hpc.engines.weight_tensor import make_pusher
-
-        return make_pusher(self.engine, self.client, timeout_s=self.transfer.timeout_s * 2.0, clock=self.clock)
+    @staticmethod
+    def _bring_up(replica: EngineReplica) -> str:
+        """Wake a sleeping replica ("wake"); start one that is stopped or died in its sleep ("start")."""
+        if replica.asleep:
+            if replica.alive():
+                replica.wake()
+                return "wake"
+            replica.stop()
+        replica.launch()
+        return "start"
 
     def refresh(self) -> bool:
-        """Bring a newer published version into the engine (pull, then push); True if one was loaded."""
+        """Bring a newer published version into every serving replica below it (one pull, then a push to each);
+        True if one was loaded."""
         latest = store.read_latest(self.run_dir)
-        if self.client is None or latest is None or latest["version"] <= self.version:
+        if latest is None:
+            return False
+        behind = [r for r in self.replicas if r.client is not None and not r.asleep and r.version < latest["version"]]
+        if not behind:
             return False
         try:
             tensors, rec = self._pull(latest)
@@ -133,18 +129,17 @@ class RolloutSide:
                 raise
             return False
         self._failing_since(False)
-        try:
+        loaded = False
+        for r in behind:
             t0 = self.clock.now()
-            pushed = self.pusher.push(tensors, str(rec["version"]))
-        except EngineError:
-            if self.alive():
-                raise
-            return False  # it died: the restart starts on the newest weights
-        self.syncs.append({**rec, "push_s": self.clock.now() - t0, "push_gb_per_s": pushed["gb_per_s"],
-                           "push_attempts": pushed["attempt"] + 1})
-        self.version = rec["version"]
-        self.updates += 1
-        return True
+            pushed = r.push(tensors, rec["version"])
+            if pushed is None:
+                continue  # it died: the restart starts on the newest weights
+            self.syncs.append({**rec, "replica": r.index, "push_s": self.clock.now() - t0,
+                               "push_gb_per_s": pushed["gb_per_s"], "push_attempts": pushed["attempt"] + 1})
+            self.updates += 1
+            loaded = True
+        return loaded
 
     def _failing_since(self, failing: bool) -> float:
         """When the current run of failed pulls began (reset by a good pull)."""
@@ -183,39 +178,41 @@ class RolloutSide:
         return engine_tensors(full, self.model), rec
 
     def alive(self) -> bool:
-        return self.handle is not None and self.handle.alive()
+        """Every replica's engine process lives (a sleeping one counts)."""
+        return all(r.alive() for r in self.replicas)
 
-    def served_version(self) -> str | None:
-        """The weight_version the engine's ``/model_info`` shows now (asleep or not); None without a live engine."""
-        if not self.alive():
+    def served_version(self):
+        """The weight_version the engines' ``/model_info`` show now: one value when the live replicas agree (or
+        there is one), the list of each replica's otherwise; None without a live engine."""
+        versions = [v for r in self.replicas if (v := r.served_version()) is not None]
+        if not versions:
             return None
-        try:  # a short timeout: a hung engine must not hold up the cell's shutdown
-            with self.handle.client(timeout=10.0, connect_retries=0) as client:
-                return client.weight_version()
-        except EngineError:
-            return None
+        return versions[0] if len(set(versions)) == 1 else versions
 
     def dead(self) -> bool:
-        """True when the cell has an engine whose process exited without being stopped."""
-        return self.handle is not None and not self.handle.alive()
+        """True when a replica has an engine whose process exited without being stopped."""
+        return any(r.dead() for r in self.replicas)
 
     def reap(self) -> dict:
-        """Take the dead engine out of the proxy; returns {pid, exit_code, engine, calls_moved, runs_moved}."""
+        """Take one dead replica's engine out of the proxy; returns {pid, exit_code, engine, calls_moved,
+        runs_moved} (``deaths[-1]`` also names the replica); ``start()`` then starts that replica alone."""
         from gyre_hpc.proxy.client import ProxyClient
 
-        pid, code, name = self.handle.pid, self.handle.process.returncode, self.name
-        self.stop()
+        replica = next(r for r in self.replicas if r.dead())
+        pid, code, name = replica.handle.pid, replica.handle.process.returncode, replica.name
+        replica.stop()
         with ProxyClient(self.proxy_url, timeout=self.proxy.drain_timeout_s + 30.0) as proxy:
             proxy.mark_dead(engine=name, reason=f"engine process {pid} exited with {code}")  # no-op if it knew
             proxy.remove(engine=name)
             moves = _moves_of(proxy, name, self.clock)
         rec = {"pid": pid, "exit_code": code, "engine": name, "calls_moved": len(moves),
                "runs_moved": len({m["run_id"] for m in moves})}
-        self.deaths.append({**rec, "t": self.clock.wall()})
+        self.deaths.append({**rec, "replica": replica.index, "t": self.clock.wall()})
         return rec
 
     def leave(self) -> dict:
-        """Drain the cell in the proxy, remove it, stop the engine; returns the timing breakdown."""
+        """Drain the cell in the proxy (every replica: their calls move to other cells' engines), remove its
+        engines, then stop (or put to sleep) every replica; returns the timing breakdown."""
         from gyre_hpc.proxy.client import ProxyClient
 
         t0 = self.clock.now()
@@ -223,32 +220,36 @@ class RolloutSide:
             drained = proxy.drain(cell=self.cell)
             proxy.remove(cell=self.cell)
         t1 = self.clock.now()
-        if self.engine.sleep_in_training and self.alive():
-            self.client.release_memory()
-            self.asleep = True
-            part = "engine_sleep_s"
-        else:
-            self.stop()
-            part = "engine_stop_s"
+        kinds = _each(self._put_down, [r for r in self.replicas if r.running])
+        part = "engine_stop_s" if "stop" in kinds or not kinds else "engine_sleep_s"
         return {"drain_s": t1 - t0, part: self.clock.now() - t1, "moved_calls": drained.get("moved", 0)}
 
+    def _put_down(self, replica: EngineReplica) -> str:
+        if self.engine.sleep_in_training and replica.alive():
+            replica.sleep()
+            return "sleep"
+        replica.stop()
+        return "stop"
+
     def stop(self) -> None:
-        if self.pusher is not None:
-            self.pusher.reset(remote=self.alive())  # a dead engine's side of the group went with it
-            self.pusher = None
-        if self.client is not None:
-            self.client.close()
-        if self.handle is not None:
-            self.handle.stop()
-        self.handle = self.client = None
-        self.asleep = False
+        _each(EngineReplica.stop, self.replicas)
 
     def close(self) -> None:
-        """Stop the engine and free the puller (end of the run)."""
+        """Stop the engines and free the puller (end of the run)."""
         self.stop()
         if self.puller is not None:
             self.puller.close()
             self.puller = None
+
+
+def _each(fn: Callable[[EngineReplica], T], replicas: list[EngineReplica]) -> list[T]:
+    """``fn`` on every replica: side by side in threads when there are several (engine starts and stops take
+    seconds each), inline for one; the first failure raises once all have finished."""
+    if len(replicas) <= 1:
+        return [fn(r) for r in replicas]
+    with concurrent.futures.ThreadPoolExecutor(len(replicas)) as pool:
+        futures = [pool.submit(fn, r) for r in replicas]
+    return [f.result() for f in futures]
 
 
 def _moves_of(proxy, name: str, clock: Clock) -> list[dict]:
