@@ -73,7 +73,7 @@ def replicas_run(mpirun, tmp_path_factory):
     out = tmp_path_factory.mktemp("replicas")
     drainer = CellDrainer(out)
     drainer.start()
-    summary, run_dir, _ = run_live(out, OVERRIDES)
+    summary, run_dir, _ = run_live(out, OVERRIDES, timeout_s=900)  # 1 + 2 x 2 ranks and 4 engines on 2 cores
     drainer.join(5)
     assert drainer.drains, f"no cell was drained while the other served: {drainer.error}"
     proxy_events = [json.loads(line) for line in (run_dir / "proxy-events.jsonl").read_text().splitlines()]
