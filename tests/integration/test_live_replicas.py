@@ -29,6 +29,7 @@ OVERRIDES = [
     "run.name=replicas", "train.epochs=1", "allocator.hello_timeout_s=300", "proxy.startup_timeout_s=300",
     "allocator.heartbeat_timeout_s=300",
     "proxy.no_engine_wait_s=600",  # colocate: calls cut by both cells' drain wait for their return (slow on 2 cores)
+    "engine.sleep_in_training=false",  # a switch stops and starts the replicas (engine_stop_s), whatever the config
 ]
 NAME = re.compile(r"cell(\d+)-r(\d+)-e(\d+)")
 
