@@ -29,7 +29,8 @@ OVERRIDES = [
     "run.name=replicas", "train.epochs=1", "allocator.hello_timeout_s=300", "proxy.startup_timeout_s=300",
     "allocator.heartbeat_timeout_s=300",
     "proxy.no_engine_wait_s=600",  # colocate: calls cut by both cells' drain wait for their return (slow on 2 cores)
-    "engine.sleep_in_training=false",  # a switch stops and starts the replicas (engine_stop_s), whatever the config
+    # as written and run (the configs turned both on, issue 31): a switch stops and starts the replicas
+    "engine.kv_cache=false", "engine.sleep_in_training=false",
 ]
 NAME = re.compile(r"cell(\d+)-r(\d+)-e(\d+)")
 
