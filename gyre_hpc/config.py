@@ -128,6 +128,10 @@ class ClusterConfig:
             require(not self.gpus_per_node or self.workers_per_node == self.gpus_per_node, "workers_per_node",
                     f"is one worker per GPU: with gpus_per_node={self.gpus_per_node} it must be "
                     f"{self.gpus_per_node} or null, got {self.workers_per_node}")
+        for key, most in GEOMETRY_LIMITS.items():  # absurd geometry is refused here, before any plan is made
+            require(getattr(self, key) <= most, key, f"must be <= {most}, got {getattr(self, key)}")
+        require(self.cells * self.nodes_per_cell <= MAX_NODES, "cells",
+                f"cells x nodes_per_cell must be <= {MAX_NODES} nodes, got {self.cells * self.nodes_per_cell}")
 
     @property
     def workers(self) -> int:
@@ -137,10 +141,6 @@ class ClusterConfig:
     @property
     def workers_per_cell(self) -> int:
         return self.nodes_per_cell * self.workers
-        for key, most in GEOMETRY_LIMITS.items():  # absurd geometry is refused here, before any plan is made
-            require(getattr(self, key) <= most, key, f"must be <= {most}, got {getattr(self, key)}")
-        require(self.cells * self.nodes_per_cell <= MAX_NODES, "cells",
-                f"cells x nodes_per_cell must be <= {MAX_NODES} nodes, got {self.cells * self.nodes_per_cell}")
 
 
 @dataclass(frozen=True)
