@@ -849,6 +849,31 @@ class SlurmConfig:
 
 
 @dataclass(frozen=True)
+class TrackingConfig:
+    """Experiment tracking of live runs (rank 0; gyre_hpc.tracking): the metrics.jsonl records, the resolved config,
+    the report PNGs and the summary go to every backend named here (docs/runtime.md, "Experiment tracking")."""
+
+    backends: tuple[Literal["tensorboard", "wandb", "mlflow"], ...] = param(
+        ("tensorboard",), "Backends: tensorboard (RUN_DIR/tensorboard), wandb (offline unless WANDB_MODE says "
+        "otherwise; RUN_DIR/wandb; WANDB_PROJECT, WANDB_ENTITY), mlflow (RUN_DIR/mlruns or mlflow_uri); [] = off.")
+    mlflow_uri: str | None = param(None, "MLflow tracking URI (e.g. http://127.0.0.1:5000); null = a local store "
+                                         "in RUN_DIR/mlruns.")
+    project: str = param("gyre", "W&B project (WANDB_PROJECT wins) and MLflow experiment name.")
+    images_every_steps: int = param(0, "Log the report PNGs every this many steps too (0 = only at the end).")
+    buffer_steps: int = param(10000, "Records a backend may hold while it fails (retried with back-off); beyond "
+                                     "that the oldest are dropped and counted (event tracking_error).")
+    retry_s: float = param(2.0, "First back-off after a backend failed; doubles up to 60 s.")
+    close_timeout_s: float = param(120.0, "At the end, how long rank 0 waits for a backend to take what it holds.")
+
+    def check(self) -> None:
+        require(len(set(self.backends)) == len(self.backends), "backends", f"repeats a backend: {list(self.backends)}")
+        require(self.images_every_steps >= 0, "images_every_steps", f"must be >= 0, got {self.images_every_steps}")
+        require(self.buffer_steps >= 1, "buffer_steps", f"must be >= 1, got {self.buffer_steps}")
+        require(self.retry_s > 0, "retry_s", f"must be > 0, got {self.retry_s}")
+        require(self.close_timeout_s >= 0, "close_timeout_s", f"must be >= 0, got {self.close_timeout_s}")
+
+
+@dataclass(frozen=True)
 class GyreConfig:
     """The root: one section per component. Components receive their section, never this object."""
 
@@ -867,6 +892,7 @@ class GyreConfig:
     agent: AgentConfig = param(AgentConfig(), "Synthetic agent workload of live runs (harness).")
     grader: GraderConfig = param(GraderConfig(), "Grading of plugin agents' runs: hidden tests or a grader plugin.")
     slurm: SlurmConfig = param(SlurmConfig(), "The sbatch job: partition, time limit, preemption signal, exports.")
+    tracking: TrackingConfig = param(TrackingConfig(), "Experiment tracking: TensorBoard, W&B (offline), MLflow.")
 
     def check(self) -> None:
         ep, experts = self.train.expert_parallel, self.model.experts

@@ -8,10 +8,12 @@
             otherwise   each element one live training run   (train_rank on SLURM, train_local locally)
     wait with a progress line (done / running / failed)      (gyre_hpc.slurm.submit_sweep)
     OUT/results.csv, results.md, plot.png; exit 1 if any element failed
+    tracking.backends: one tracked run per element, grouped (gyre_hpc.tracking.sweep)
 """
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -78,6 +80,10 @@ def run(args: argparse.Namespace) -> int:
     from gyre_hpc.report.sweep_plots import sweep_plot
 
     plot = sweep_plot(rows, [a.key for a in axes], metric_columns(rows, args.simulate), out / "plot.png", title)
+    from gyre_hpc.tracking.sweep import track_sweep
+
+    for err in track_sweep(cfgs[0].tracking, out, [a.key for a in axes], rows):  # one grouped run per element
+        print(f"sweep: tracking: {err['backend']}: {err['error']}", file=sys.stderr)
     n = counts(outcomes)
     print(markdown_table(rows), end="")
     print(f"{n['completed']} completed, {n['failed']} failed; wrote {csv_path}, {md_path}, {plot}")

@@ -154,10 +154,19 @@ class Hub:
         self.ready = deque(g for g in self.ready if g.gid not in trained)  # re-issued, but the core had it
         rewards = [r for g in groups for r in g.rewards]
         rec = {**rec, "step": rec["version"], "trained_version": self.version,
-               "reward": sum(rewards) / len(rewards) if rewards else None, "scored_runs": len(rewards),
+               "reward": sum(rewards) / len(rewards) if rewards else None, "reward_std": _std(rewards),
+               "scored_runs": len(rewards),
                "runs": sum(g.runs for g in groups), "gids": [g.gid for g in groups],
                "cells": sorted({self.handed_to.pop(g.gid) for g in groups})}
         self.version = rec["version"]
         self.handed = []
         self.issued = {}
         self.on_step(rec)
+
+
+def _std(xs: list[float]) -> float | None:
+    """Population standard deviation of a step's rewards (None without any)."""
+    if not xs:
+        return None
+    m = sum(xs) / len(xs)
+    return (sum((x - m) ** 2 for x in xs) / len(xs)) ** 0.5

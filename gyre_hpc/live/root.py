@@ -51,6 +51,7 @@ from gyre_hpc.io import atomic_write_json, atomic_write_text
 from gyre_hpc.live import dataloss, lost, periodic, preempt
 from gyre_hpc.live.hub import Hub
 from gyre_hpc.live.rollouts import Rollouts
+from gyre_hpc.tracking import live as tracking
 from gyre_hpc.train import agreement
 
 PROGRESS_EVERY_S = 5.0
@@ -149,12 +150,14 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
     reissue = cfg.allocator.preempt_inflight == "reissue"
     carry: dict = preempt.inflight_counters(saved, reissue) if saved else {}
     proxy = None
+    tracker = tracking.for_run(cfg, run_dir, saved)  # rank 0's metrics sink (never blocks, never fatal)
     try:
         proxy = on_free_port(start_proxy, pcfg, host=cfg.proxy.host, log_path=run_dir / "proxy.log",
                              config_dir=run_dir)  # a port taken before the proxy binds it: another port
         comm.bcast(proxy.url, root=0)
         policy = make_policy(cfg.scheduler.policy, cfg.scheduler, cfg.cluster.cells)
         log = EventLog(run_dir / cfg.allocator.events_file, transport.clock)
+        tracking.tee(log, tracker)
         server: LiveServer | None = None
 
         def on_step(rec: dict) -> None:
@@ -164,13 +167,20 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
             server.log.write({"event": "train_step", **rec})
             with open(run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(rec) + "\n")
+            if tracker is not None:
+                tracker.step(rec, clock.now())
             if periodic.due(len(steps), cfg.run.resume_every_steps, cfg.allocator.steps):  # rank 0 may die later
-                periodic.save(run_dir, server, hub, rollouts, steps, carry, clock.now() - t0, server.log.write)
+                ev = periodic.save(run_dir, server, hub, rollouts, steps, carry, clock.now() - t0, server.log.write)
+                if tracker is not None and ev.get("event") == "resume_saved":
+                    tracker.kept(rec["step"])
             progress()
 
         def progress() -> None:
             st = server.state
             roles = {r.value: sum(c.role is r for c in st.cells) for r in Role}
+            if tracker is not None:
+                tracker.observe_roles(clock.now(), roles)
+                tracking.flush_errors(tracker, server.log.write)
             last = steps[-1] if steps else {}
             reward = last.get("reward")
             print(f"[gyre {cfg.scheduler.policy}] step {st.steps_done}/{cfg.allocator.steps} "
@@ -227,10 +237,15 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
         where = _resume_after_error(run_dir, locals().get("server"), locals().get("hub"), locals().get("rollouts"),
                                     steps, carry, exc)
         _error_event(run_dir, cfg.allocator.events_file, transport, exc, where)
+        if tracker is not None:
+            tracker.close(finished=False, timeout=5.0)
         raise
     finally:
         if proxy is not None:
             proxy.stop()
+    if tracker is not None and stop["reason"].startswith(("preempted", lost.REASON)):  # else: after the summary
+        tracker.kept(None)  # every step rank 0 holds is in the resume state it saved
+        _close_tracker(run_dir, cfg.allocator.events_file, transport, tracker, finished=False)
     if stop["reason"].startswith(lost.REASON):
         return {"rank_lost": stop["reason"], "saved": end.get("lost_saved"), "error": end.get("lost_error"),
                 "steps_done": stop["steps_done"], "run_dir": str(run_dir)}
@@ -241,9 +256,25 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
     summary.update(live_prediction(run_dir, summary["wall_s"]))  # the simulator's replay of this run
     atomic_write_json(run_dir / "summary.json", summary)
     _report(run_dir, cfg.allocator.events_file, cfg.cluster.cells, steps, rollouts)
+    if tracker is not None:
+        tracker.finish(summary, steps[-1]["step"] if steps else 0, [run_dir / f"{n}.png" for n in REPORT_PNGS])
+        _close_tracker(run_dir, cfg.allocator.events_file, transport, tracker, finished=True)
     shutil.rmtree(resume.resume_dir(run_dir), ignore_errors=True)  # finished: nothing left to resume
     lost.drop_held(run_dir)
     return summary
+
+
+REPORT_PNGS = ("roles", "reward", "staleness", "query_durations")
+
+
+def _close_tracker(run_dir: Path, events_file: str, transport, tracker, finished: bool) -> None:
+    """Let the backends take what they hold (tracking.close_timeout_s at most); their failures as events."""
+    tracker.close(finished=finished)
+    log = EventLog(run_dir / events_file, transport.clock)
+    try:
+        tracking.flush_errors(tracker, log.write)
+    finally:
+        log.close()
 
 
 def _load_resume(cfg: GyreConfig, run_dir: Path) -> dict | None:
