@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -40,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_overrides(p, "scheduler.theta=0.25")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--plot", metavar="DIR", help="write PNG plots (role timelines, query durations, staleness)")
+    p.add_argument("--track", action="store_true",
+                   help="with --trace: log the replay's numbers and its predicted-vs-measured plot (--plot DIR, "
+                        "default RUN_DIR/replay) to the run's trackers (its tracking.backends, same runs)")
     p.add_argument("--sweep", action="append", default=[], metavar="KEY=A,B,C",
                    help="run a grid over these values (repeatable); writes sweep.csv and sweep.md")
     p.add_argument("--out", metavar="DIR", help="sweep output directory (default runs/sim-sweep-<time>)")
@@ -130,6 +134,9 @@ def _replay(args: argparse.Namespace) -> int:
     from gyre_hpc.allocator.sim.replay import replay
 
     result, sims = replay(args.trace, overrides=args.overrides)
+    if getattr(args, "track", False) and not args.plot:
+        args.plot = str(Path(args.trace) / "replay")
+    pngs = []
     if args.plot:
         from gyre_hpc.allocator.eventlog import read_events
         from gyre_hpc.report.replay_plots import measured_vs_predicted  # matplotlib only when plotting
@@ -137,8 +144,14 @@ def _replay(args: argparse.Namespace) -> int:
         run_dir = Path(result["run_dir"])
         path = measured_vs_predicted(read_events(run_dir / "events.jsonl"), sims[result["policy"]],
                                      result["policy"], Path(args.plot) / "replay_roles.png")
+        pngs.append(Path(path))
         if not args.json:
             print(f"plot: {path}")
+    if getattr(args, "track", False):
+        from gyre_hpc.tracking.live import log_replay
+
+        for err in log_replay(Path(args.trace), result, pngs):
+            print(f"gyre simulate: tracking: {err['backend']}: {err['error']}", file=sys.stderr)
     print(json.dumps(result) if args.json else _replay_table(result))
     return 0
 

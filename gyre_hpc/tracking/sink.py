@@ -142,6 +142,8 @@ class _Worker(threading.Thread):
         elif kind == "metrics":
             if item[1] > self.state.get("upto", 0):  # once per step
                 self.b.metrics(item[1], item[2])
+        elif kind == "scalars":
+            self.b.metrics(item[1], item[2])
         elif kind == "image":
             self.b.image(item[1], item[2], item[3])
         elif kind == "summary":
@@ -234,6 +236,12 @@ class Tracker:
         nums = plan.flat_numbers(summary, "summary")
         for w in self.workers:
             w.put(("summary", dict(summary), step, nums))
+
+    def scalars(self, step: int, nums: Mapping[str, float], pngs: Iterable[Path] = ()) -> None:
+        """More numbers (and PNGs) at ``step`` outside the step sequence, e.g. a replay's predictions."""
+        self.images(pngs, step)
+        for w in self.workers:
+            w.put(("scalars", step, dict(nums)))
 
     def take_errors(self) -> list[dict]:
         with self.elock:
