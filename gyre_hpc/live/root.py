@@ -169,6 +169,10 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
                 f.write(json.dumps(rec) + "\n")
             if tracker is not None:
                 tracker.step(rec, clock.now())
+                if tracking.images_due(cfg, len(steps), cfg.allocator.steps):  # rendered on a thread of its own
+                    snap, secs = list(steps), [g["seconds"] for g in rollouts.groups]
+                    tracker.render(lambda: tracking.render_plots(run_dir, cfg.allocator.events_file,
+                                                                 cfg.cluster.cells, snap, secs), rec["step"])
             if periodic.due(len(steps), cfg.run.resume_every_steps, cfg.allocator.steps):  # rank 0 may die later
                 ev = periodic.save(run_dir, server, hub, rollouts, steps, carry, clock.now() - t0, server.log.write)
                 if tracker is not None and ev.get("event") == "resume_saved":
@@ -255,7 +259,8 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
     summary = _summary(cfg, run_dir, stop, steps, rollouts, end, carry, clock.now() - t0)
     summary.update(live_prediction(run_dir, summary["wall_s"]))  # the simulator's replay of this run
     atomic_write_json(run_dir / "summary.json", summary)
-    _report(run_dir, cfg.allocator.events_file, cfg.cluster.cells, steps, rollouts)
+    with tracking.PLOT_LOCK:  # a mid-run render of the trackers' PNGs may still be drawing
+        _report(run_dir, cfg.allocator.events_file, cfg.cluster.cells, steps, rollouts)
     if tracker is not None:
         tracker.finish(summary, steps[-1]["step"] if steps else 0, [run_dir / f"{n}.png" for n in REPORT_PNGS])
         _close_tracker(run_dir, cfg.allocator.events_file, transport, tracker, finished=True)

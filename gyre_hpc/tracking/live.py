@@ -5,6 +5,7 @@
     run_root:  tracker = for_run(cfg, run_dir, saved)      None when tracking.backends is []
                tee(log, tracker)                            switch_done / group_lost events reach the step window
                on_step → tracker.step; periodic resume save → tracker.kept(step)
+               every tracking.images_every_steps steps → tracker.render(render_plots of a copy of the steps)
                end → tracker.finish(summary, PNGs); close(); flush_errors → events.jsonl (tracking_error)
 
 Invariants (tests/integration/test_tracking_live.py)
@@ -15,6 +16,7 @@ Invariants (tests/integration/test_tracking_live.py)
 """
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from gyre_hpc.config import GyreConfig, to_dict
@@ -47,6 +49,37 @@ def log_replay(run_dir: Path, result: dict, pngs: list[Path]) -> list[dict]:
     t.scalars(step, flat_numbers(result, "replay"), pngs)
     t.close(finished=True)
     return t.take_errors()
+
+
+#: matplotlib is not thread-safe: the mid-run renders (a tracking thread) and the run's final report take this lock
+PLOT_LOCK = threading.Lock()
+
+
+def images_due(cfg, steps_done: int, total: int) -> bool:
+    """Render the report PNGs for the trackers after this step (tracking.images_every_steps; the last step's PNGs
+    come from the run's own report)?"""
+    every = cfg.tracking.images_every_steps
+    return every > 0 and 0 < steps_done < total and steps_done % every == 0
+
+
+def render_plots(run_dir: Path, events_file: str, cells: int, steps: list[dict], seconds: list[float]) -> list[Path]:
+    """The report PNGs of the run so far into RUN_DIR/tracking/images (roles, reward, staleness, query_durations)."""
+    from gyre_hpc.allocator.eventlog import read_events
+    from gyre_hpc.report.live_plots import query_durations, role_timeline, staleness_split
+    from gyre_hpc.report.train_plots import reward_curve
+
+    out = Path(run_dir) / "tracking" / "images"
+    out.mkdir(parents=True, exist_ok=True)
+    with PLOT_LOCK:
+        paths = [role_timeline(read_events(Path(run_dir) / events_file), cells, out / "roles.png")]
+        rewards = [s["reward"] for s in steps if s.get("reward") is not None]
+        if rewards:
+            paths.append(reward_curve(rewards, out / "reward.png"))
+        if steps:
+            paths.append(staleness_split(steps, out / "staleness.png"))
+        if seconds:
+            paths.append(query_durations(seconds, out / "query_durations.png"))
+    return [Path(p) for p in paths]
 
 
 def tee(log, tracker: Tracker | None) -> None:

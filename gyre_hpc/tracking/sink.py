@@ -179,6 +179,7 @@ class Tracker:
         self.elock = threading.Lock()
         self.window, self.roles = plan.EventWindow(), plan.RoleShares()
         self.last_step_t: float | None = None
+        self.renderer: threading.Thread | None = None
         self.workers: list[_Worker] = []
         last_kept = max((int(r["step"]) for r in kept or []), default=0)
         for kind in cfg.backends:
@@ -242,6 +243,23 @@ class Tracker:
         self.images(pngs, step)
         for w in self.workers:
             w.put(("scalars", step, dict(nums)))
+
+    def render(self, fn, step: int) -> None:
+        """Run ``fn() -> [PNG paths]`` on a thread of its own and log the PNGs at ``step``; skipped while the previous
+        render is still going (a failure is a ``tracking_error``)."""
+        if self.renderer is not None and self.renderer.is_alive():
+            return
+
+        def go() -> None:
+            try:
+                self.images(fn(), step)
+            except Exception as exc:  # noqa: BLE001  (never fatal)
+                with self.elock:
+                    self.errors.append({"event": "tracking_error", "backend": "images",
+                                        "error": f"{type(exc).__name__}: {exc}"[:300]})
+
+        self.renderer = threading.Thread(target=go, name="tracking-images", daemon=True)
+        self.renderer.start()
 
     def take_errors(self) -> list[dict]:
         with self.elock:
