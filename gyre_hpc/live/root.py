@@ -52,6 +52,7 @@ from gyre_hpc.live import dataloss, lost, periodic, preempt
 from gyre_hpc.live.hub import Hub
 from gyre_hpc.live.rollouts import Rollouts
 from gyre_hpc.tracking import live as tracking
+from gyre_hpc.tracking.plan import flat_params
 from gyre_hpc.train import agreement
 
 PROGRESS_EVERY_S = 5.0
@@ -150,7 +151,8 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
     reissue = cfg.allocator.preempt_inflight == "reissue"
     carry: dict = preempt.inflight_counters(saved, reissue) if saved else {}
     proxy = None
-    tracker = tracking.for_run(cfg, run_dir, saved)  # rank 0's metrics sink (never blocks, never fatal)
+    tracker = tracking.for_run(cfg.tracking, run_dir, saved, params=flat_params(to_dict(cfg)),  # rank 0's sink
+                               hold_steps=cfg.run.resume_every_steps > 0, tags={"policy": cfg.scheduler.policy})
     try:
         proxy = on_free_port(start_proxy, pcfg, host=cfg.proxy.host, log_path=run_dir / "proxy.log",
                              config_dir=run_dir)  # a port taken before the proxy binds it: another port
@@ -169,7 +171,7 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
                 f.write(json.dumps(rec) + "\n")
             if tracker is not None:
                 tracker.step(rec, clock.now())
-                if tracking.images_due(cfg, len(steps), cfg.allocator.steps):  # rendered on a thread of its own
+                if tracking.images_due(cfg.tracking, len(steps), cfg.allocator.steps):  # drawn on its own thread
                     snap, secs = list(steps), [g["seconds"] for g in rollouts.groups]
                     tracker.render(lambda: tracking.render_plots(run_dir, cfg.allocator.events_file,
                                                                  cfg.cluster.cells, snap, secs), rec["step"])

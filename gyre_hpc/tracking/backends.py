@@ -10,7 +10,8 @@ Where each one writes (docs/runtime.md):
   ``purge_step`` so readers drop the earlier segment's copies of those steps.
 - wandb: ``RUN_DIR/wandb/offline-run-*`` (WANDB_MODE, default offline; WANDB_PROJECT, WANDB_ENTITY honoured);
   the same run id in every segment (``resume="allow"``).
-- mlflow: ``tracking.mlflow_uri`` or ``sqlite:///RUN_DIR/mlruns/mlflow.db`` (MLflow 3's file store is frozen); one experiment per project, the same run id in every
+- mlflow: ``tracking.mlflow_uri`` or ``sqlite:///RUN_DIR/mlruns/mlflow.db`` (MLflow 3's file store is frozen);
+  one experiment per project, the same run id in every
   segment; a sweep's points are children of the sweep's parent run (tag ``mlflow.parentRunId``).
 """
 from __future__ import annotations
@@ -102,7 +103,8 @@ class Wandb:
         run_id = state.get("run_id") or uuid.uuid4().hex[:8]
         (self.run_dir / "wandb").mkdir(parents=True, exist_ok=True)
         settings = wandb.Settings(silent=True, console="off", x_disable_stats=True, init_timeout=120)
-        self.run = wandb.init(id=run_id, resume="allow", dir=str(self.run_dir), mode=os.environ.get("WANDB_MODE", "offline"),
+        self.run = wandb.init(id=run_id, resume="allow", dir=str(self.run_dir),
+                              mode=os.environ.get("WANDB_MODE", "offline"),
                               project=os.environ.get("WANDB_PROJECT", self.project),
                               entity=os.environ.get("WANDB_ENTITY"), name=self.run_name, group=self.group,
                               tags=[f"{k}={v}" for k, v in (self.tags or {}).items()][:64], settings=settings,

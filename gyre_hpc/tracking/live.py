@@ -19,46 +19,28 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from gyre_hpc.config import GyreConfig, to_dict
-from gyre_hpc.tracking.plan import flat_params
+from gyre_hpc.config import TrackingConfig
 from gyre_hpc.tracking.sink import Tracker
 
 
-def for_run(cfg: GyreConfig, run_dir: Path, saved: dict | None) -> Tracker | None:
-    if not cfg.tracking.backends:
-        return None
-    return Tracker(cfg.tracking, run_dir, params=flat_params(to_dict(cfg)), name=Path(run_dir).name,
-                   kept=list(saved["steps"]) if saved else None, hold_steps=cfg.run.resume_every_steps > 0,
-                   tags={"policy": cfg.scheduler.policy})
-
-
-def log_replay(run_dir: Path, result: dict, pngs: list[Path]) -> list[dict]:
-    """``gyre simulate --trace RUN_DIR --track``: the replay's numbers (``replay/...``) and its predicted-vs-measured
-    PNGs go to the run's own tracked runs (same ids, RUN_DIR/tracking), at the run's last step; returns the
-    ``tracking_error`` records (never raises)."""
-    from gyre_hpc.config import load_config
-    from gyre_hpc.tracking.plan import flat_numbers
-    from gyre_hpc.tracking.sink import read_state
-
-    run_dir = Path(run_dir)
-    cfg = load_config(run_dir / "config.yaml").tracking
+def for_run(cfg: TrackingConfig, run_dir: Path, saved: dict | None, *, params: dict, hold_steps: bool,
+            tags: dict) -> Tracker | None:
+    """Rank 0's tracker (None when tracking.backends is []); ``params``: the resolved config as hyperparameters;
+    ``hold_steps``: rank 0 saves its resume state periodically (run.resume_every_steps > 0)."""
     if not cfg.backends:
-        return []
-    step = max(read_state(run_dir / "tracking", k).get("upto", 0) for k in cfg.backends)
-    t = Tracker(cfg, run_dir, params={}, name=run_dir.name)
-    t.scalars(step, flat_numbers(result, "replay"), pngs)
-    t.close(finished=True)
-    return t.take_errors()
+        return None
+    return Tracker(cfg, run_dir, params=params, name=Path(run_dir).name,
+                   kept=list(saved["steps"]) if saved else None, hold_steps=hold_steps, tags=tags)
 
 
 #: matplotlib is not thread-safe: the mid-run renders (a tracking thread) and the run's final report take this lock
 PLOT_LOCK = threading.Lock()
 
 
-def images_due(cfg, steps_done: int, total: int) -> bool:
+def images_due(cfg: TrackingConfig, steps_done: int, total: int) -> bool:
     """Render the report PNGs for the trackers after this step (tracking.images_every_steps; the last step's PNGs
     come from the run's own report)?"""
-    every = cfg.tracking.images_every_steps
+    every = cfg.images_every_steps
     return every > 0 and 0 < steps_done < total and steps_done % every == 0
 
 

@@ -27,6 +27,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from gyre_hpc.config import TrackingConfig
 from gyre_hpc.io import atomic_write_json
 from gyre_hpc.tracking import backends as B
 from gyre_hpc.tracking import plan
@@ -170,7 +171,8 @@ class Tracker:
     """Rank 0's sink. ``kept``: the step records a resume state holds (None for a new run); ``hold_steps``: True
     when rank 0 saves its resume state periodically (then backends that cannot purge take a step once it is saved)."""
 
-    def __init__(self, cfg, run_dir: Path, *, params: Mapping[str, Any], name: str, kept: list[dict] | None = None,
+    def __init__(self, cfg: TrackingConfig, run_dir: Path, *, params: Mapping[str, Any], name: str,
+                 kept: list[dict] | None = None,
                  hold_steps: bool = False, group: str | None = None, tags: Mapping[str, Any] | None = None,
                  parent: str | None = None, tb_dir: Path | None = None, state_dir: Path | None = None) -> None:
         self.cfg, self.run_dir = cfg, Path(run_dir)

@@ -19,11 +19,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from gyre_hpc.config import TrackingConfig
 from gyre_hpc.tracking import backends as B
 from gyre_hpc.tracking.sink import Tracker, read_state
 
 
-def track_sweep(cfg, out: Path, axes: Sequence[str], rows: Sequence[Mapping], timeout_s: float | None = None) -> list:
+def track_sweep(cfg: TrackingConfig, out: Path, axes: Sequence[str], rows: Sequence[Mapping],
+                timeout_s: float | None = None) -> list:
     """Log each result row as a grouped tracked run; returns the ``tracking_error`` records (never raises)."""
     if not cfg.backends:
         return []
@@ -43,7 +45,7 @@ def track_sweep(cfg, out: Path, axes: Sequence[str], rows: Sequence[Mapping], ti
     return errors
 
 
-def _mlflow_parent(cfg, out: Path, group: str) -> str | None:
+def _mlflow_parent(cfg: TrackingConfig, out: Path, group: str) -> str | None:
     """The sweep's parent run (created once; its id kept in OUT/tracking/parent/mlflow.json)."""
     state_dir = out / "tracking" / "parent"
     state = read_state(state_dir, "mlflow")

@@ -1,5 +1,8 @@
 """gyre_hpc.tracking.plan: stable metric names, the event window, role shares, the resume reconcile."""
 import math
+from pathlib import Path
+
+LOCAL = Path(__file__).resolve().parents[2] / "configs" / "local.yaml"
 
 from gyre_hpc.tracking import plan
 
@@ -44,3 +47,20 @@ def test_flat_params_and_flat_numbers():
         {"a.b": 1, "a.c": "[1, 2]", "a.d": "None", "e": "x"}
     assert plan.flat_numbers({"x": 1, "y": {"z": 2.5, "s": "no"}, "b": False}, "summary") == \
         {"summary/x": 1.0, "summary/y/z": 2.5}
+
+
+def test_tracking_config_is_strict_with_dotted_keys_and_choices():
+    import pytest
+
+    from gyre_hpc.config import load_config
+    from gyre_hpc.errors import ConfigError
+
+    assert load_config(LOCAL).tracking.backends == ("tensorboard",)
+    with pytest.raises(ConfigError, match=r"tracking\.backends\[1\]: 'tb' is not one of 'tensorboard', 'wandb', "
+                                          r"'mlflow'"):
+        load_config(LOCAL, ["tracking.backends=[wandb, tb]"])
+    with pytest.raises(ConfigError, match=r"tracking\.backends.*repeats"):
+        load_config(LOCAL, ["tracking.backends=[wandb, wandb]"])
+    with pytest.raises(ConfigError, match=r"unknown key tracking\.foo; valid keys of tracking: backends"):
+        load_config(LOCAL, ["tracking.foo=1"])
+    assert load_config(LOCAL, ["tracking.backends=[]"]).tracking.backends == ()
