@@ -172,3 +172,19 @@ def test_the_resumed_core_starts_from_the_saved_weights(preempted, resumed):
     run_dir, checksum, version = preempted[3], preempted[5], preempted[6]
     core = json.loads((run_dir / "cells" / "cell0.json").read_text())
     assert core["restored"] == {"version": version, "checksum": checksum}
+
+
+def test_tensorboard_holds_every_step_once_across_the_preemption(preempted, resumed):
+    """tracking.backends defaults to [tensorboard]: both segments write RUN_DIR/tensorboard, and tensorboard's own
+    reader finds each optimizer step's scalars exactly once, with the values of metrics.jsonl (issue 29)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = preempted[3]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0, "images": 0})
+    acc.Reload()
+    tokens = [(e.step, e.value) for e in acc.Scalars("tokens/trained")]
+    assert tokens == [(s["step"], float(s["trained_tokens"])) for s in steps]
+    assert [s for s, _ in tokens] == list(range(1, STEPS + 1))
+    assert {"plots/roles", "plots/reward"} <= set(acc.Tags()["images"])
+    assert json.loads((run_dir / "tracking" / "tensorboard.json").read_text())["upto"] == STEPS
