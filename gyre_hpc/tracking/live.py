@@ -33,6 +33,25 @@ def for_run(cfg: TrackingConfig, run_dir: Path, saved: dict | None, *, params: d
                    kept=list(saved["steps"]) if saved else None, hold_steps=hold_steps, tags=tags)
 
 
+def log_replay(run_dir: Path, result: dict, pngs: list[Path]) -> list[dict]:
+    """``gyre simulate --trace RUN_DIR --track``: the replay's numbers (``replay/...``) and its predicted-vs-measured
+    PNGs go to the run's own tracked runs (same ids, RUN_DIR/tracking), at the run's last step; returns the
+    ``tracking_error`` records (never raises)."""
+    from gyre_hpc.config import load_config
+    from gyre_hpc.tracking.plan import flat_numbers
+    from gyre_hpc.tracking.sink import read_state
+
+    run_dir = Path(run_dir)
+    cfg = load_config(run_dir / "config.yaml").tracking
+    if not cfg.backends:
+        return []
+    step = max(read_state(run_dir / "tracking", k).get("upto", 0) for k in cfg.backends)
+    t = Tracker(cfg, run_dir, params={}, name=run_dir.name)
+    t.scalars(step, flat_numbers(result, "replay"), pngs)
+    t.close(finished=True)
+    return t.take_errors()
+
+
 #: matplotlib is not thread-safe: the mid-run renders (a tracking thread) and the run's final report take this lock
 PLOT_LOCK = threading.Lock()
 
