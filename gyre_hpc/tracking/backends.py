@@ -10,7 +10,8 @@ Where each one writes (docs/runtime.md):
   ``purge_step`` so readers drop the earlier segment's copies of those steps.
 - wandb: ``RUN_DIR/wandb/offline-run-*`` (WANDB_MODE, default offline; WANDB_PROJECT, WANDB_ENTITY honoured);
   the same run id in every segment (``resume="allow"``).
-- mlflow: ``tracking.mlflow_uri`` or ``sqlite:///RUN_DIR/mlruns/mlflow.db`` (MLflow 3's file store is frozen);
+- mlflow: ``tracking.mlflow_uri`` or ``sqlite:///RUN_DIR/mlruns/mlflow.db`` with artifacts in RUN_DIR/mlruns/artifacts
+  (MLflow 3's file store is frozen);
   one experiment per project, the same run id in every
   segment; a sweep's points are children of the sweep's parent run (tag ``mlflow.parentRunId``).
 """
@@ -136,8 +137,9 @@ class Mlflow:
     purges = False
 
     def __init__(self, uri: str, experiment: str, name: str, tags: dict | None = None,
-                 parent: str | None = None) -> None:
+                 parent: str | None = None, artifacts: Path | None = None) -> None:
         self.uri, self.experiment, self.run_name, self.tags, self.parent = uri, experiment, name, tags or {}, parent
+        self.artifacts = artifacts  # a local store's artifact root (else MLflow's default: ./mlruns of the CWD)
         self.client, self.run_id = None, None
 
     def open(self, state: dict) -> dict:
@@ -149,7 +151,8 @@ class Mlflow:
         self.run_id = state.get("run_id")
         if self.run_id is None:
             exp = self.client.get_experiment_by_name(self.experiment)
-            exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(self.experiment)
+            exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(
+                self.experiment, artifact_location=self.artifacts.resolve().as_uri() if self.artifacts else None)
             tags = {**{k: str(v) for k, v in self.tags.items()}, "mlflow.runName": self.run_name}
             if self.parent:
                 tags["mlflow.parentRunId"] = self.parent
@@ -207,5 +210,5 @@ def make(kind: str, run_dir: Path, *, project: str, name: str, mlflow_uri: str |
         if mlflow_uri is None:
             (Path(run_dir) / "mlruns").mkdir(parents=True, exist_ok=True)
         uri = mlflow_uri or f"sqlite:///{(Path(run_dir) / 'mlruns' / 'mlflow.db').resolve()}"
-        return Mlflow(uri, project, name, tags, parent)
+        return Mlflow(uri, project, name, tags, parent, None if mlflow_uri else Path(run_dir) / "mlruns" / "artifacts")
     raise ValueError(kind)

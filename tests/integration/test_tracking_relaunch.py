@@ -62,3 +62,23 @@ def test_a_backend_that_cannot_purge_takes_a_step_once_a_resume_state_holds_it(t
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
     assert sorted((m.step, m.value) for m in client.get_metric_history(state["run_id"], "tokens/trained")) == \
         [(1, 101.0), (2, 302.0)]
+
+
+def test_a_local_mlflow_store_keeps_its_artifacts_in_the_run_directory(tmp_path, monkeypatch):
+    """The sqlite store's default artifact root would be ./mlruns of the working directory: ours is RUN_DIR/mlruns."""
+    from mlflow.tracking import MlflowClient
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    run_dir = tmp_path / "run"
+    png = tmp_path / "p.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(16))
+    t = Tracker(TrackingConfig(backends=("mlflow",), close_timeout_s=300), run_dir, params={}, name="r")
+    t.finish({"wall_s": 1.0}, 1, [png])
+    t.close()
+    assert t.take_errors() == [] and not (cwd / "mlruns").exists()
+    run_id = t.run_ids()["mlflow"]
+    client = MlflowClient(f"sqlite:///{run_dir / 'mlruns' / 'mlflow.db'}")
+    assert client.get_run(run_id).info.artifact_uri.startswith((run_dir / "mlruns" / "artifacts").as_uri())
+    assert list((run_dir / "mlruns" / "artifacts").rglob("p.png")) and list((run_dir / "mlruns").rglob("summary.json"))
