@@ -18,11 +18,13 @@ Where each one writes (docs/runtime.md):
 from __future__ import annotations
 
 import os
-import time
+from gyre_hpc.clock import WallClock
 import uuid
 from pathlib import Path
 from typing import Any
 
+
+_CLOCK = WallClock()  # wall stamps and deadlines through the one clock (gyre_hpc/clock.py)
 
 class TensorBoard:
     name = "tensorboard"
@@ -39,7 +41,7 @@ class TensorBoard:
         if self.purge_from is not None:  # readers (EventAccumulator) drop every earlier event at >= this step
             from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 
-            self.w.add_event(Event(step=self.purge_from, wall_time=time.time(),
+            self.w.add_event(Event(step=self.purge_from, wall_time=_CLOCK.wall(),
                                    session_log=SessionLog(status=SessionLog.START)))
             self.purge_from = None
         return {}
@@ -48,7 +50,7 @@ class TensorBoard:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
 
-        return Event(step=step, wall_time=time.time(),
+        return Event(step=step, wall_time=_CLOCK.wall(),
                      summary=Summary(value=[Summary.Value(tag=k, simple_value=float(v)) for k, v in d.items()]))
 
     def params(self, d: dict) -> None:
@@ -56,7 +58,7 @@ class TensorBoard:
         from tensorboard.plugins.text.summary_v2 import text_pb
 
         text = "\n".join(f"    {k}: {v}" for k, v in d.items())
-        self.w.add_event(Event(step=0, wall_time=time.time(), summary=text_pb("config", text)))
+        self.w.add_event(Event(step=0, wall_time=_CLOCK.wall(), summary=text_pb("config", text)))
         self.w.flush()
 
     def metrics(self, step: int, d: dict) -> None:
@@ -70,7 +72,7 @@ class TensorBoard:
         data = Path(path).read_bytes()
         w, h = _png_size(data)
         img = Summary.Image(encoded_image_string=data, height=h, width=w, colorspace=4)
-        self.w.add_event(Event(step=step, wall_time=time.time(),
+        self.w.add_event(Event(step=step, wall_time=_CLOCK.wall(),
                                summary=Summary(value=[Summary.Value(tag=f"plots/{name}", image=img)])))
         self.w.flush()
 
@@ -79,7 +81,7 @@ class TensorBoard:
         from tensorboard.compat.proto.event_pb2 import Event
         import json
 
-        self.w.add_event(Event(step=0, wall_time=time.time(), summary=text_pb("summary", json.dumps(d, indent=1))))
+        self.w.add_event(Event(step=0, wall_time=_CLOCK.wall(), summary=text_pb("summary", json.dumps(d, indent=1))))
         self.w.flush()
 
     def close(self, finished: bool) -> None:
@@ -171,7 +173,7 @@ class Mlflow:
     def metrics(self, step: int, d: dict) -> None:
         from mlflow.entities import Metric
 
-        ts = int(time.time() * 1000)
+        ts = int(_CLOCK.wall() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), ts, step) for k, v in d.items()],
                               synchronous=True)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
-import time
+from gyre_hpc.clock import WallClock
 from collections import deque
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -31,6 +31,8 @@ from gyre_hpc.config import TrackingConfig
 from gyre_hpc.io import atomic_write_json
 from gyre_hpc.tracking import backends as B
 from gyre_hpc.tracking import plan
+
+_CLOCK = WallClock()  # wall stamps and deadlines through the one clock (gyre_hpc/clock.py)
 
 MAX_BACKOFF_S = 60.0
 
@@ -112,7 +114,7 @@ class _Worker(threading.Thread):
                 with self.cv:
                     if self.closing and self._gave_up():
                         break
-                    wait = backoff if not self.closing else min(backoff, max(0.0, self.deadline - time.monotonic()))
+                    wait = backoff if not self.closing else min(backoff, max(0.0, self.deadline - _CLOCK.now()))
                     self.cv.wait(wait)
                 backoff = min(MAX_BACKOFF_S, backoff * 2)
                 continue
@@ -133,7 +135,7 @@ class _Worker(threading.Thread):
             self._error(f"close: {type(exc).__name__}: {exc}"[:300])
 
     def _gave_up(self) -> bool:
-        return self.deadline is not None and time.monotonic() >= self.deadline
+        return self.deadline is not None and _CLOCK.now() >= self.deadline
 
     def _deliver(self, item: tuple) -> None:
         kind = item[0]
@@ -271,12 +273,12 @@ class Tracker:
     def close(self, finished: bool = True, timeout: float | None = None) -> None:
         """Let each backend take what it holds, waiting at most ``timeout`` (tracking.close_timeout_s) in all."""
         timeout = self.cfg.close_timeout_s if timeout is None else timeout
-        deadline = time.monotonic() + timeout
+        deadline = _CLOCK.now() + timeout
         for w in self.workers:
             w.deadline = deadline
             w.close(finished)
         for w in self.workers:
-            w.join(max(0.0, deadline - time.monotonic()))
+            w.join(max(0.0, deadline - _CLOCK.now()))
 
     def run_ids(self) -> dict[str, str]:
         return {w.b.name: w.state["run_id"] for w in self.workers if w.state.get("run_id")}
