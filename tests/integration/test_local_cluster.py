@@ -93,49 +93,30 @@ def test_srun_pmix_starts_one_mpi_world_across_four_nodes(local_slurm, tmp_path)
 
 
 @pytest.mark.slurm
-def test_two_cell_steps_run_concurrently_in_one_allocation(local_slurm, tmp_path):
-    """Each task waits until all four have started: the steps fail unless they run at the same time."""
-    layout = plan(ClusterConfig(cells=2, nodes_per_cell=2), ("n1", "n2", "n3", "n4"))
-    task = (f'touch {tmp_path}/started-$SLURMD_NODENAME; for i in $(seq 200); do '
-            f'[ $(ls {tmp_path} | grep -c started-) -eq 4 ] && echo "$SLURM_STEP_NODELIST $SLURMD_NODENAME" && exit 0; '
-            f'sleep 0.1; done; echo "alone on $SLURMD_NODENAME"; exit 1')
-    steps = "\n".join(f"srun {' '.join(layout.cell_srun_args(c))} bash -c '{task}' &" for c in layout.cells)
-    run = sbatch(tmp_path, f"{steps}\nwait -n && wait -n", "-N4", "--ntasks-per-node=1")
-    assert run.returncode == 0, run.output
-    assert sorted(run.lines()) == ["n[1-2] n1", "n[1-2] n2", "n[3-4] n3", "n[3-4] n4"]
-
-
-@pytest.mark.slurm
 @pytest.mark.mpi
-def test_control_world_follows_the_layout_while_cell_steps_start_beside_it(local_slurm, tmp_path):
-    """The allocator + cell leaders form one pmix world placed by control_srun_args; each rank checks its own
-    placement; the world waits for both cells' steps, which must start while it holds the nodes."""
-    layout = plan(ClusterConfig(cells=2, nodes_per_cell=2), ("n1", "n2", "n3", "n4"))
-    prog = write(tmp_path, "control.py", f"""
-import json, os, time
+def test_one_step_places_the_allocator_and_every_worker_where_the_layout_says(local_slurm, tmp_path):
+    """One pmix world of 1 + 2 cells x 2 nodes x 2 workers, placed by control_srun_args: each rank checks its own
+    placement (node, cell, worker) and the world's size (one worker per emulated GPU)."""
+    cluster = ClusterConfig(cells=2, nodes_per_cell=2, workers_per_node=2)
+    layout = plan(cluster, ("n1", "n2", "n3", "n4"))
+    prog = write(tmp_path, "world.py", f"""
+import json, os
 from mpi4py import MPI
 from gyre_hpc.config import ClusterConfig
 from gyre_hpc.slurm.env import from_environ
 from gyre_hpc.slurm.layout import plan_from_env
 print("mpi-init-done", flush=True)
 w = MPI.COMM_WORLD
-placed = plan_from_env(ClusterConfig(cells=2, nodes_per_cell=2), from_environ()).placement_from_env(from_environ())
-deadline = time.time() + 20
-while len([f for f in os.listdir({str(tmp_path)!r}) if f.startswith("cell-")]) < 4 and time.time() < deadline:
-    time.sleep(0.1)
-cells = sorted(f[:6] for f in os.listdir({str(tmp_path)!r}) if f.startswith("cell-"))
+placed = plan_from_env(ClusterConfig(cells=2, nodes_per_cell=2, workers_per_node=2),
+                       from_environ()).placement_from_env(from_environ())
 print(json.dumps({{"rank": w.Get_rank(), "size": w.Get_size(), "node": os.environ["SLURMD_NODENAME"],
-                  "allocator": placed.is_allocator, "cell": None if placed.cell is None else placed.cell.index,
-                  "cells_seen": cells}}), flush=True)
+                  "cell": None if placed.cell is None else placed.cell.index, "worker": placed.worker}}), flush=True)
 """)
-    touch = "bash -c 'touch {}/cell-{}-$SLURMD_NODENAME'"
-    cells = "\n".join(f"srun {' '.join(layout.cell_srun_args(c))} {touch.format(tmp_path, c.index)} &"
-                      for c in layout.cells)
-    body = f"srun {' '.join(layout.control_srun_args())} {PY} {prog} &\nworld=$!\nsleep 0.5\n{cells}\nwait $world\nwait"
-    got = records(mpi_sbatch(tmp_path, body, 3, "-N4", "--ntasks-per-node=1"))
-    assert [(r["rank"], r["size"], r["node"], r["allocator"], r["cell"]) for r in got] == [
-        (0, 3, "n1", True, None), (1, 3, "n1", False, 0), (2, 3, "n3", False, 1)]
-    assert all(r["cells_seen"] == ["cell-0", "cell-0", "cell-1", "cell-1"] for r in got)  # 2 tasks per cell
+    body = f"srun {' '.join(layout.control_srun_args())} {PY} {prog}"
+    got = records(mpi_sbatch(tmp_path, body, 9, "-N4", "--ntasks-per-node=1"))
+    assert [(r["rank"], r["size"], r["node"], r["cell"], r["worker"]) for r in got] == [
+        (0, 9, "n1", None, None), (1, 9, "n1", 0, 0), (2, 9, "n1", 0, 1), (3, 9, "n2", 0, 2), (4, 9, "n2", 0, 3),
+        (5, 9, "n3", 1, 0), (6, 9, "n3", 1, 1), (7, 9, "n4", 1, 2), (8, 9, "n4", 1, 3)]
 
 
 @pytest.mark.slurm
