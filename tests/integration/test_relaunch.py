@@ -25,14 +25,7 @@ def processes_of(proc) -> set[int]:
 def test_sigkill_of_a_cell_rank_mid_run_is_relaunched_and_the_run_finishes_with_no_orphans(mpirun, tmp_path):
     steps = 2 * STEPS  # the kill lands mid-run
     proc = gyre_train(tmp_path, "relaunch", "--set", f"allocator.steps={steps}")
-    pids: set[int] = set()
-    deadline = time.time() + 600
-    while time.time() < deadline and proc.poll() is None:  # until the first step is done
-        pids |= processes_of(proc)
-        metrics = list(tmp_path.glob("*/metrics.jsonl"))
-        if metrics and metrics[0].read_text().splitlines():
-            break
-        time.sleep(0.2)
+    pids = until_first_step(proc, tmp_path)
     victim = cell_rank(proc, 2)  # rank 2 = cell 1, the rollout cell (async_train_cells=1: cell 0 is the core)
     pids |= processes_of(proc)
     code, stdout, stderr = kill_and_finish(proc, victim, pids)
@@ -65,14 +58,7 @@ def test_sigkill_of_a_worker_of_the_core_cell_is_a_lost_cell_rank_relaunched_lik
     leader is in the cell's gloo world, the allocator never talked to it: the run relaunches all the same."""
     steps = 2 * STEPS
     proc = gyre_train(tmp_path, "worker", "--set", f"allocator.steps={steps}", "--set", "cluster.workers_per_node=2")
-    pids: set[int] = set()
-    deadline = time.time() + 600
-    while time.time() < deadline and proc.poll() is None:  # until the first step is done
-        pids |= processes_of(proc)
-        metrics = list(tmp_path.glob("*/metrics.jsonl"))
-        if metrics and metrics[0].read_text().splitlines():
-            break
-        time.sleep(0.2)
+    pids = until_first_step(proc, tmp_path)
     victim = cell_rank(proc, 2)  # world rank 2 = cell 0's worker 1: the core's second data-parallel replica
     pids |= processes_of(proc)
     code, stdout, stderr = kill_and_finish(proc, victim, pids)
@@ -84,6 +70,19 @@ def test_sigkill_of_a_worker_of_the_core_cell_is_a_lost_cell_rank_relaunched_lik
     kinds = [e["event"] for e in assert_one_time_line(run_dir)]
     assert kinds.index("rank_lost") < kinds.index("relaunched") < kinds.index("resumed")
     assert_none_left(pids)
+
+
+def until_first_step(proc, out) -> set[int]:
+    """Wait until the run under ``out`` has done its first step; every process of the run seen meanwhile."""
+    pids: set[int] = set()
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        pids |= processes_of(proc)
+        metrics = list(out.glob("*/metrics.jsonl"))
+        if metrics and metrics[0].read_text().splitlines():
+            break
+        time.sleep(0.2)
+    return pids
 
 
 def kill_and_finish(proc, victim, pids: set[int]) -> tuple[int, str, str]:
