@@ -64,3 +64,13 @@ def test_tracking_config_is_strict_with_dotted_keys_and_choices():
     with pytest.raises(ConfigError, match=r"unknown key tracking\.foo; valid keys of tracking: backends"):
         load_config(LOCAL, ["tracking.foo=1"])
     assert load_config(LOCAL, ["tracking.backends=[]"]).tracking.backends == ()
+
+
+def test_images_every_steps_decides_which_steps_render_mid_run_plots():
+    from gyre_hpc.config import TrackingConfig
+    from gyre_hpc.tracking.live import images_due
+
+    every3 = [s for s in range(1, 10) if images_due(TrackingConfig(images_every_steps=3), s, 10)]
+    assert every3 == [3, 6, 9]
+    assert not any(images_due(TrackingConfig(images_every_steps=0), s, 10) for s in range(1, 10))
+    assert not images_due(TrackingConfig(images_every_steps=5), 10, 10)  # the last step: the run's own report
