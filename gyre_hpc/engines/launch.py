@@ -6,7 +6,9 @@ the engine reads (``engine``, ``model``, ``run.seed``); ``start_engine`` picks t
 
 Invariants
 - ``start_*`` returns only a ready engine: it waits on ``/health`` up to ``engine.startup_timeout_s``; when the
-  process exits or the time runs out it stops the process and raises ``EngineError`` with the log's tail.
+  process exits or the time runs out it stops the process and raises ``EngineError`` with the log's tail. The
+  answer counts only when the started process tree listens on that port: another process that took the port
+  first (and answers its own ``/health``) fails the start as ``PORT_TAKEN``, so ``on_free_port`` tries another.
 - ``EngineHandle.stop()`` ends exactly the process group it started (``children.stop``): SIGTERM, then SIGKILL
   after a grace period, to the group again, so no grandchild is left (an SGLang server stopped while it starts
   leaves its detokenizer otherwise). A started engine dies with the process that started it (``children.spawn``).
@@ -47,6 +49,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -131,6 +134,9 @@ class EngineHandle:
                     raise EngineError(f"{self.name} at {self.url} exited with {rc}{how} before it "
                                       f"was ready; {self._log_ref()}:\n{self.log_tail()}")
                 if client.health(timeout=2.0):
+                    if not self._listens_on_its_port():  # another process took the port and answers instead
+                        raise EngineError(f"{self.name} at {self.url}: another process answers there ({PORT_TAKEN} "
+                                          f"for this one); {self._log_ref()}:\n{self.log_tail()}")
                     return True
                 if PORT_TAKEN in self._log_since_start():  # SGLang logs the failed bind, then hangs in shutdown
                     raise EngineError(f"{self.name} at {self.url} could not bind its port; {self._log_ref()}:\n"
@@ -141,6 +147,32 @@ class EngineHandle:
                 return
         raise EngineError(f"{self.name} at {self.url} not ready after {timeout_s:.0f} s; {self._log_ref()}:\n"
                           f"{self.log_tail()}")
+
+    def _listens_on_its_port(self) -> bool:
+        """Whether this process (or one of its children: SGLang serves from a child) listens on the URL's port. A
+        port ``free_port`` found free can be bound by another process before this one binds it (a busy machine,
+        many jobs); its ``/health`` would answer for this one. True when the kernel will not say (no psutil, a
+        process that is not ours to inspect)."""
+        try:
+            import psutil
+        except ImportError:
+            return True
+        port = urlsplit(self.url).port
+        try:
+            root = psutil.Process(self.process.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return True
+        for proc in procs:
+            try:
+                if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                       for c in proc.net_connections(kind="tcp")):
+                    return True
+            except psutil.NoSuchProcess:
+                continue
+            except psutil.AccessDenied:
+                return True
+        return False
 
     def __enter__(self) -> "EngineHandle":
         return self
