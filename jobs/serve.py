@@ -37,6 +37,8 @@ from gyre_hpc import auth
 from gyre_hpc.config import GyreConfig, apply_overrides, build, read_yaml, resolve_relative
 from gyre_hpc.errors import ConfigError
 from gyre_hpc.hf_config import yield_to_checkpoint
+from gyre_hpc.models import run_init
+from gyre_hpc.rundir import RunDir
 from jobs import add_overrides
 
 #: the run whose lines are printed when no --run is given (a newcomer's first agent)
@@ -83,9 +85,11 @@ def run(args: argparse.Namespace) -> int:
     for run_id in runs:
         if not run_id or run_id.strip() != run_id or any(c in run_id for c in "?#% "):
             raise ConfigError(f"--run {run_id!r}: a run id is a non-empty path segment without spaces, ?, # or %")
-    out = Path(args.tito_dir or Path(cfg.run.out_dir) / f"serve-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = initial_model(cfg, out)
+    if args.tito_dir:
+        out = RunDir.at(Path(args.tito_dir).resolve()).path
+    else:
+        out = RunDir.new(cfg.run.out_dir, "serve", absolute=True).path
+    cfg = run_init.prepare(cfg, out, "gyre serve")  # the tiny Qwen3-format model `gyre train` would write
     tokenizer = cfg.proxy.openai.tokenizer or cfg.model.hf_path
     if tokenizer is None:
         raise ConfigError("model.hf_path: gyre serve needs the model's tokenizer for the OpenAI endpoint, and this "
@@ -153,17 +157,6 @@ def load_serving_config(path: str, overrides: list[str]) -> GyreConfig:
             print(f"gyre serve: note: model.hf_path's config.json wins over the config's model fields "
                   f"({'; '.join(notes)})", file=sys.stderr, flush=True)
     return build(GyreConfig, data)
-
-
-def initial_model(cfg: GyreConfig, out: Path) -> GyreConfig:
-    """``cfg`` with the tiny Qwen3-format model `gyre train` would write (OUT/model/init) when it names no
-    model.hf_path (gyre_hpc.models.run_init); any other ``cfg`` unchanged."""
-    from gyre_hpc.models import run_init
-
-    if run_init.wanted(cfg.model) and not run_init.init_dir(out).is_dir():
-        print(f"gyre serve: writing the initial model to {run_init.init_dir(out)}", file=sys.stderr, flush=True)
-        run_init.materialise(cfg, out)
-    return run_init.for_run(cfg, out)
 
 
 def proxy_port(cfg, port: int | None) -> int:

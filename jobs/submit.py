@@ -18,11 +18,10 @@ import os
 import shutil
 import subprocess
 
-import yaml
-
-from gyre_hpc.config import load_config, to_dict
+from gyre_hpc.config import load_config
 from gyre_hpc.errors import GyreError, LayoutError
-from gyre_hpc.io import atomic_write_text, make_run_dir
+from gyre_hpc.io import atomic_write_text
+from gyre_hpc.rundir import RunDir
 from gyre_hpc.slurm.sbatch import render_sbatch
 from jobs import add_overrides
 
@@ -55,8 +54,9 @@ def run(args: argparse.Namespace) -> int:
         raise GyreError("sbatch not found on PATH: submit from a SLURM login node (or start the local cluster: "
                         "scripts/local-slurm.sh start); --dry-run prints the script without submitting")
     _check_fits(sbatch, cfg, script)
-    run_dir = make_run_dir(cfg.run.out_dir, cfg.run.name).resolve()
-    atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    rundir = RunDir.new(cfg.run.out_dir, cfg.run.name, absolute=True)
+    rundir.write_config(cfg)
+    run_dir = rundir.path
     atomic_write_text(run_dir / "job.sbatch", script)
     cmd = [sbatch, "--parsable", f"--output={run_dir}/slurm-%j.out", f"--error={run_dir}/slurm-%j.err",
            f"--export=ALL,GYRE_RUN_DIR={run_dir}", str(run_dir / "job.sbatch")]

@@ -17,11 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
-from gyre_hpc.config import to_dict
 from gyre_hpc.errors import ConfigError
-from gyre_hpc.io import atomic_write_text
+from gyre_hpc.rundir import RunDir
 from gyre_hpc.sweep import (counts, expand, load_elements, markdown_table, metric_columns, parse_grid, result_rows,
                             write_results)
 from gyre_hpc.slurm.layout import preflight
@@ -104,7 +101,7 @@ def _tasks(args, cfgs, elements, kind, out: Path):
             tasks.append(Task(e.index, simulate_element, (config, list(args.overrides) + e.overrides), params))
             continue
         run_dir = out / f"e{e.index:03d}"
-        config = atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        config = RunDir.at(run_dir).write_config(cfg)
         if kind == "slurm":
             params = jobspec.train_parameters(cfg, out / "submitit")
             fn = train_rank

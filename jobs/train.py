@@ -28,22 +28,20 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
-import yaml
-
-from gyre_hpc.config import load_config, to_dict
+from gyre_hpc.config import GyreConfig, load_config
 from gyre_hpc.errors import ConfigError, GyreError
-from gyre_hpc.io import atomic_write_json, atomic_write_text, make_run_dir
+from gyre_hpc.io import atomic_write_json
 from gyre_hpc.models import run_init
 from gyre_hpc.live.launch import launch, rank_command
 from gyre_hpc.live.rank import check_resume_config, early_preemption, print_summary, run_rank
 from gyre_hpc.live.lost import RANK_LOST_EXIT
 from gyre_hpc.live.supervise import ERROR_EXIT, add_relaunches, saved_newer, supervise
 from gyre_hpc.resume import PREEMPTED_EXIT
+from gyre_hpc.rundir import RunDir
 from jobs import add_overrides
 
 DESCRIPTION = """\
@@ -105,14 +103,7 @@ def run(args: argparse.Namespace) -> int:
         if run_dir is None:
             return 0
     else:
-        run_dir = make_run_dir(cfg.run.out_dir, cfg.run.name)
-        cfg = _initial_model(cfg, run_dir)
-        try:
-            atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
-        except OSError as exc:
-            shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written
-            raise ConfigError(f"run.out_dir: cannot write {run_dir / 'config.yaml'} ({exc.strerror or exc}); "
-                              f"free space or choose another directory with --set run.out_dir=DIR") from None
+        run_dir, cfg = _new_run(cfg)
     if preemption.signal is not None:  # preempted before any rank started: the empty resume state
         from gyre_hpc import resume
 
@@ -145,13 +136,14 @@ def run(args: argparse.Namespace) -> int:
     return 0 if code == 0 else code
 
 
-def _initial_model(cfg, run_dir: Path):
-    """A Qwen3-format model without model.hf_path: RUN_DIR/model/init written once (gyre_hpc.models.run_init),
-    before any rank starts; the config then points model.hf_path (and an sglang engine.model_path) there."""
-    if run_init.wanted(cfg.model) and not run_init.init_dir(run_dir).is_dir():
-        print(f"gyre train: writing the initial model to {run_init.init_dir(run_dir)}", file=sys.stderr)
-        run_init.materialise(cfg, run_dir)
-    return run_init.for_run(cfg, run_dir)
+def _new_run(cfg: GyreConfig) -> tuple[Path, GyreConfig]:
+    """A new run directory holding its config, resolved: a Qwen3-format model without model.hf_path gets
+    RUN_DIR/model/init written once (gyre_hpc.models.run_init), before any rank starts; the config then points
+    model.hf_path (and an sglang engine.model_path) there, and RUN_DIR/config.yaml holds it (gyre_hpc.rundir)."""
+    rundir = RunDir.new(cfg.run.out_dir, cfg.run.name)
+    cfg = run_init.prepare(cfg, rundir.path, "gyre train")
+    rundir.write_config(cfg)  # a failure removes the new directory: nothing half-written
+    return rundir.path, cfg
 
 
 def _stop_left_behind(run_dir: Path) -> None:
@@ -299,9 +291,7 @@ def _sync(cfg, args: argparse.Namespace) -> int:
     from gyre_hpc.report.train_plots import reward_curve
     from gyre_hpc.train import agreement
 
-    run_dir = make_run_dir(cfg.run.out_dir, cfg.run.name)
-    cfg = _initial_model(cfg, run_dir)
-    atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    run_dir, cfg = _new_run(cfg)
     bar = tqdm(total=cfg.allocator.steps, desc="train", unit="step", file=sys.stderr, disable=None)
     t0 = time.perf_counter()
 

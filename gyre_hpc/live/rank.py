@@ -20,6 +20,9 @@ Invariants
   asks SLURM for before the time limit (USR2; their stack dump moves to SIGQUIT: ``gyre_hpc.rank_signals``).
 - Everything a rank checks (run directory, resume config, resume files) is checked before MPI starts, alike on
   every rank, so a bad start fails every rank the same way instead of hanging a collective.
+- The config a rank runs with is resolved once (``_shared_initial_model``: the run's initial model, RUN_DIR/model/init,
+  once it exists on every rank) and handed down as it is; rank 0 writes it to RUN_DIR/config.yaml only when no one
+  did (``gyre_hpc.rundir.RunDir.keep_config``: srun's ranks of a plain sbatch script) and never rewrites it.
 - A rank that raises ends the whole MPI world (MPI_Abort) after writing RUN_DIR/errors/rankN.txt: no hang.
 - The exit status is 0, or ``gyre_hpc.resume.PREEMPTED_EXIT`` when the run was preempted and its resume state
   saved; rank 0 prints the summary (``print_summary``) unless preempted.
@@ -36,13 +39,12 @@ import signal
 import sys
 from pathlib import Path
 
-import yaml
-
 from gyre_hpc.config import GyreConfig, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
 from gyre_hpc.live.launch import LAUNCHED_ENV
 from gyre_hpc.preempt_request import SBATCH_ENV
 from gyre_hpc.resume import PREEMPTED_EXIT
+from gyre_hpc.rundir import RunDir
 
 
 def early_preemption(rank: bool):
@@ -71,10 +73,11 @@ def check_resume_config(cfg: GyreConfig, run_dir: Path) -> None:
     ``gyre_hpc.resume.may_change`` allows (steps, run directory name, timeouts, retries, slurm.*)."""
     from gyre_hpc import resume
 
-    path = run_dir / "config.yaml"
-    if not resume.exists(run_dir) or not path.is_file():
+    saved = RunDir(run_dir).saved_config() if resume.exists(run_dir) else None
+    if saved is None:
         return
-    changes = resume.config_changes(yaml.safe_load(path.read_text()) or {}, to_dict(cfg), to_dict(GyreConfig()))
+    path = RunDir(run_dir).config_path
+    changes = resume.config_changes(saved, to_dict(cfg), to_dict(GyreConfig()))
     if changes:
         listed = "; ".join(f"{k}: {old!r} there, {new!r} now" for k, (old, new) in changes.items())
         raise ConfigError(f"{path}: resuming this run with a different config ({listed}); resume with the run's "
@@ -91,14 +94,15 @@ def run_rank(cfg: GyreConfig, args: argparse.Namespace, preemption=None) -> int:
         raise ConfigError("inside an MPI world, gyre train needs --run-dir (the launcher sets it)")
     from gyre_hpc.live.preempt import REQUEST_FILE
 
-    run_dir = Path(args.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    rundir = RunDir.at(args.run_dir)
+    run_dir = rundir.path
+    from gyre_hpc import resume
     from gyre_hpc.models import run_init
 
-    loaded, cfg = cfg, run_init.for_run(cfg, run_dir)  # the initial model the launcher (or rank 0 below) wrote
     if os.environ.get(LAUNCHED_ENV) or os.environ.get(SBATCH_ENV):  # a launcher writes the request file
         preemption.watch(run_dir / REQUEST_FILE)
-    check_resume_config(cfg, run_dir)  # every rank alike, before MPI starts
+    # every rank alike, before MPI starts; a resumed run has its initial model (the launcher's, or rank 0's)
+    check_resume_config(run_init.for_run(cfg, run_dir), run_dir)
     _check_resume_files(run_dir)
     from gyre_hpc.allocator.mpi_transport import MpiTransport
     from gyre_hpc.clock import WallClock
@@ -115,8 +119,10 @@ def run_rank(cfg: GyreConfig, args: argparse.Namespace, preemption=None) -> int:
 
     with _abort_world_on_error(worlds.role.rank, run_dir):
         share_job_secret(comm, run_dir)  # every listener of the job requires it (gyre_hpc/auth.py)
-        cfg = _shared_initial_model(loaded, run_dir, comm, transport.rank)
+        cfg = _shared_initial_model(cfg, run_dir, comm, transport.rank)  # resolved once: handed down as it is
         try:
+            if transport.rank == 0 and not resume.exists(run_dir):  # srun's ranks of a plain sbatch: what the
+                rundir.keep_config(cfg)  # resume check reads (a launcher or the submitter wrote it already)
             return _role(cfg, args, run_dir, transport, comm, preemption, worlds)
         finally:
             preemption.ignore()  # a late signal must not kill this rank in MPI_Finalize (live/preempt.py)

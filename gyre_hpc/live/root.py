@@ -34,8 +34,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import yaml
-
 from gyre_hpc import resume
 from gyre_hpc.allocator import batches
 from gyre_hpc.allocator.eventlog import EventLog, read_events
@@ -286,9 +284,7 @@ def _close_tracker(run_dir: Path, events_file: str, transport, tracker, finished
 
 def _load_resume(cfg: GyreConfig, run_dir: Path) -> dict | None:
     """The resume state of ``run_dir`` if it holds one (checked before any process starts its work)."""
-    if not resume.exists(run_dir):
-        if not (run_dir / "config.yaml").is_file():  # srun's ranks of a plain sbatch: the config resumes check
-            atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    if not resume.exists(run_dir):  # (RUN_DIR/config.yaml is there: live.rank.run_rank keeps it)
         return None
     saved = resume.load(run_dir)
     if saved["sched"]["steps_done"] >= cfg.allocator.steps:

@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from gyre_hpc.config import GyreConfig, ModelConfig
@@ -127,6 +128,16 @@ def _cached(args: dict) -> Path:
     if not path.is_dir():
         init_model(arch_of(args), path, overwrite=True, **args)  # a concurrent writer writes the same bytes
     return path
+
+
+def prepare(cfg: GyreConfig, run_dir: str | Path, who: str) -> GyreConfig:
+    """A new run's config, resolved: RUN_DIR/model/init written first when ``cfg`` wants it and it is not there yet
+    (one line on stderr naming the command ``who``), then ``for_run``. The launcher of a run (and ``gyre serve``)
+    calls it before any rank starts; what it returns is what RUN_DIR/config.yaml holds (``gyre_hpc.rundir``)."""
+    if wanted(cfg.model) and not init_dir(run_dir).is_dir():
+        print(f"{who}: writing the initial model to {init_dir(run_dir)}", file=sys.stderr, flush=True)
+        materialise(cfg, run_dir)
+    return for_run(cfg, run_dir)
 
 
 def for_run(cfg: GyreConfig, run_dir: str | Path) -> GyreConfig:

@@ -27,12 +27,11 @@ import signal
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import yaml
-
 from gyre_hpc.clock import wait_until
-from gyre_hpc.config import load_config, to_dict
+from gyre_hpc.config import load_config
 from gyre_hpc.errors import ConfigError, GyreError
-from gyre_hpc.io import atomic_write_text, make_run_dir
+from gyre_hpc.io import atomic_write_text
+from gyre_hpc.rundir import RunDir
 from gyre_hpc.slurm import jobspec
 from gyre_hpc.sweep import error_tail
 
@@ -85,8 +84,8 @@ def submit(config: str | Path | None, overrides: Mapping[str, Any] | Sequence[st
     cfg = load_config(config, sets)
     preflight(cfg)  # before any file is written
     kind = executor_kind(executor)
-    run_dir = make_run_dir(cfg.run.out_dir, cfg.run.name).resolve()
-    config_path = atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    rundir = RunDir.new(cfg.run.out_dir, cfg.run.name, absolute=True)
+    config_path, run_dir = rundir.write_config(cfg), rundir.path
     params = (jobspec.train_parameters(cfg, run_dir) if kind == "slurm" else jobspec.single_task_parameters(cfg))
     if timeout_min:
         params["timeout_min"] = timeout_min

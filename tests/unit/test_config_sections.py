@@ -22,10 +22,12 @@ ROOT_OK = {
     *(f"gyre_hpc/live/rank.py:{f}" for f in ("check_resume_config", "run_rank", "_shared_initial_model",
                                              "_last_event_t", "_role")),
     "gyre_hpc/live/root.py:run_root",
-    "gyre_hpc/live/root.py:_load_resume",  # writes the whole config into RUN_DIR/config.yaml
+    "gyre_hpc/live/root.py:_load_resume",  # checks the resume state against the config (allocator.steps)
+    # the run directory's config file holds the whole (resolved) config
+    *(f"gyre_hpc/rundir.py:RunDir.{f}" for f in ("write_config", "keep_config")),
     "gyre_hpc/live/root.py:_summary",  # the run's summary names the policy, the engine, the events file
     # the run's initial model: model + run.seed in, a config with model.hf_path (and engine.model_path) out
-    *(f"gyre_hpc/models/run_init.py:{f}" for f in ("init_args", "materialise", "for_run")),
+    *(f"gyre_hpc/models/run_init.py:{f}" for f in ("init_args", "materialise", "prepare", "for_run")),
     # the sbatch script and the submitit parameters render the whole config
     *(f"gyre_hpc/slurm/sbatch.py:{f}" for f in ("node_count", "render_sbatch", "_header", "_directives",
                                                 "_environment", "_launch", "_relaunch")),

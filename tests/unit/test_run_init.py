@@ -56,3 +56,9 @@ def test_a_qwen3_format_model_that_a_qwen3_checkpoint_cannot_hold_is_refused_bef
         run_init.materialise(cfg, tmp_path)
     assert list(tmp_path.iterdir()) == []
 
+
+
+def test_preparing_a_run_without_an_initial_model_writes_nothing_and_keeps_the_config(tmp_path):
+    cfg = load_config(CONFIG, ["model.qk_layernorm=false", "model.vocab_size=256"])
+    assert run_init.prepare(cfg, tmp_path, "gyre train") == cfg
+    assert list(tmp_path.iterdir()) == []
