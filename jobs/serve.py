@@ -30,11 +30,11 @@ import os
 import signal
 import threading
 import sys
-import time
 from pathlib import Path
 
 from gyre_hpc import auth
-from gyre_hpc.config import GyreConfig, apply_overrides, build, read_yaml, resolve_relative
+from gyre_hpc.clock import WallClock
+from gyre_hpc.config import GyreConfig, ProxyConfig, apply_overrides, build, read_yaml, resolve_relative
 from gyre_hpc.errors import ConfigError
 from gyre_hpc.hf_config import yield_to_checkpoint
 from gyre_hpc.models import run_init
@@ -115,10 +115,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"gyre serve ready url={proxy.url} openai={proxy.url}/runs/RUN_ID/v1 tito={out} secret={secret_file} "
               f"(another run's key: gyre serve ... --run RUN_ID, or gyre_hpc.auth.run_key(SECRET, RUN_ID))",
               flush=True)
-        deadline = None if args.duration_s is None else time.monotonic() + args.duration_s
+        clock = WallClock()
+        deadline = None if args.duration_s is None else clock.now() + args.duration_s
         with ProxyClient(proxy.url, timeout=300.0) as client:
-            while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-                stop.wait(args.flush_s if deadline is None else min(args.flush_s, max(deadline - time.monotonic(), 0)))
+            while not stop.is_set() and (deadline is None or clock.now() < deadline):
+                stop.wait(args.flush_s if deadline is None else min(args.flush_s, max(deadline - clock.now(), 0)))
                 try:
                     client.flush_tito("tito.jsonl")  # into proxy.tito_dir = out
                 except ProxyError as exc:  # a busy proxy on a loaded machine: the records wait for the next flush
@@ -159,7 +160,7 @@ def load_serving_config(path: str, overrides: list[str]) -> GyreConfig:
     return build(GyreConfig, data)
 
 
-def proxy_port(cfg, port: int | None) -> int:
+def proxy_port(cfg: ProxyConfig, port: int | None) -> int:
     """``port`` when given; else ``proxy.port``, or a free port (with a note) when something listens there: a
     second `gyre serve`, or a training job's proxy, must not stop a newcomer's (the printed lines carry the URL)."""
     import socket

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from gyre_hpc.allocator.sim.compare import compare, validate_all
 from gyre_hpc.allocator.sim.sweep import parse_axes, run_grid, write_tables
-from gyre_hpc.config import load_config
+from gyre_hpc.config import GyreConfig, load_config
 from gyre_hpc.errors import ConfigError
 from jobs import add_overrides
 
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _uncertainty(args: argparse.Namespace, cfg, result: dict) -> None:
+def _uncertainty(args: argparse.Namespace, cfg: GyreConfig, result: dict) -> None:
     from gyre_hpc.allocator.sim.uncertainty import band, sensitivity
 
     result["band"] = band(cfg, args.seeds, args.perturb)

@@ -18,7 +18,7 @@ import os
 import shutil
 import subprocess
 
-from gyre_hpc.config import load_config
+from gyre_hpc.config import GyreConfig, load_config
 from gyre_hpc.errors import GyreError, LayoutError
 from gyre_hpc.io import atomic_write_text
 from gyre_hpc.rundir import RunDir
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_fits(sbatch: str, cfg, script: str) -> None:
+def _check_fits(sbatch: str, cfg: GyreConfig, script: str) -> None:
     """``sbatch --test-only``: SLURM's own verdict on the script's resources, before anything is written."""
     done = subprocess.run([sbatch, "--test-only"], input=script, capture_output=True, text=True, timeout=60)
     if done.returncode == 0:

@@ -29,9 +29,9 @@ import contextlib
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
+from gyre_hpc.clock import WallClock
 from gyre_hpc.config import GyreConfig, load_config
 from gyre_hpc.errors import ConfigError, GyreError
 from gyre_hpc.io import atomic_write_json
@@ -156,12 +156,12 @@ def _stop_left_behind(run_dir: Path) -> None:
               f"{', '.join(map(str, killed))})", file=sys.stderr)
 
 
-def _failed(cfg, run_dir: Path, code: int, before: int = 0) -> int:
+def _failed(cfg: GyreConfig, run_dir: Path, code: int, before: int = 0) -> int:
     """mpirun ended without a summary and not preempted: an ``error`` event if a rank reported one (rank 0 writes
     it, and every rank that raises leaves RUN_DIR/errors/rankN.txt), else ``rank_lost``; one line, and the exit
     status of that kind. ``before``: how many events earlier segments wrote (a resume state this segment's rank 0
     saved, event ``lost_rank_saved``, is named in the event and the message)."""
-    from gyre_hpc.allocator.eventlog import read_events
+    from gyre_hpc.allocator.eventlog import EventLog, read_events
 
     path = run_dir / cfg.allocator.events_file
     try:
@@ -181,11 +181,9 @@ def _failed(cfg, run_dir: Path, code: int, before: int = 0) -> int:
     if saved is None and saved_newer(events[before:]) and (run_dir / "resume" / "state.json").is_file():
         saved = str(run_dir / "resume")  # rank 0's periodic state (live/periodic.py): rank 0 itself may have died
     if not events or events[-1]["event"] != "error":
-        rec = {"t": max((e.get("t", 0.0) for e in events), default=0.0), "wall": round(time.time(), 6),
-               "event": kind, "error": why, "mpirun_exit": code, "resume": saved}
-        with contextlib.suppress(OSError):
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(rec) + "\n")
+        t = max((e.get("t", 0.0) for e in events), default=0.0)
+        with contextlib.suppress(OSError), contextlib.closing(EventLog(path, WallClock())) as log:
+            log.write(kind, t=t, error=why, mpirun_exit=code, resume=saved)
     print(f"gyre train: {kind}: {why}; the live run ended (mpirun exit {code}) without a summary; see {run_dir} "
           f"(events.jsonl, cells/, proxy.log, mpirun.log)", file=sys.stderr)
     if saved is not None:
@@ -196,7 +194,7 @@ def _failed(cfg, run_dir: Path, code: int, before: int = 0) -> int:
     return RANK_LOST_EXIT if kind == "rank_lost" else ERROR_EXIT
 
 
-def _resumable(cfg, run_dir: Path) -> Path | None:
+def _resumable(cfg: GyreConfig, run_dir: Path) -> Path | None:
     """``--resume RUN_DIR``: the run directory, once its resume state and every file it needs have been checked
     (nothing in RUN_DIR is written before that); None when the run had finished (its summary is printed)."""
     from gyre_hpc import resume
@@ -231,7 +229,7 @@ def _preempted(args: argparse.Namespace, run_dir: Path) -> int:
     return PREEMPTED_EXIT
 
 
-def _dry_run(cfg, args: argparse.Namespace) -> int:
+def _dry_run(cfg: GyreConfig, args: argparse.Namespace) -> int:
     """The layout (the SLURM job's nodes inside an allocation, else local names), the pre-flight verdict and the
     launch command; with --json one object whose ``ranks`` list holds every process."""
     from gyre_hpc.slurm import env as slurm_env
@@ -257,7 +255,7 @@ def _dry_run(cfg, args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_plugin_agent(cfg) -> None:
+def _check_plugin_agent(cfg: GyreConfig) -> None:
     """A plugin agent's entries are imported now (errors name the key); its runs talk to the proxy's OpenAI
     endpoint, whose chat template is the model's tokenizer (model.hf_path, the run's RUN_DIR/model/init, or
     proxy.openai.tokenizer)."""
@@ -272,7 +270,7 @@ def _check_plugin_agent(cfg) -> None:
                           f"tokenizer) or proxy.openai.tokenizer so the proxy has a chat template")
 
 
-def _check_placement(cfg) -> None:
+def _check_placement(cfg: GyreConfig) -> None:
     """Inside a SLURM step: this rank runs where the layout puts it (world size, SLURMD_NODENAME), else a
     LayoutError naming the key, before MPI starts (every rank fails alike, so the step ends at once)."""
     from gyre_hpc.slurm import env as slurm_env
@@ -283,7 +281,7 @@ def _check_placement(cfg) -> None:
         preflight(cfg, env.job_nodes, env.gpus_on_node).placement_from_env(env)
 
 
-def _sync(cfg, args: argparse.Namespace) -> int:
+def _sync(cfg: GyreConfig, args: argparse.Namespace) -> int:
     """The synchronous single-engine loop (the interim main job before the elastic runtime)."""
     from tqdm import tqdm
 
@@ -293,7 +291,7 @@ def _sync(cfg, args: argparse.Namespace) -> int:
 
     run_dir, cfg = _new_run(cfg)
     bar = tqdm(total=cfg.allocator.steps, desc="train", unit="step", file=sys.stderr, disable=None)
-    t0 = time.perf_counter()
+    clock = WallClock()
 
     def on_step(rec) -> None:
         with open(run_dir / "metrics.jsonl", "a") as f:
@@ -307,7 +305,7 @@ def _sync(cfg, args: argparse.Namespace) -> int:
     bar.close()
     rewards = [s.reward for s in res.steps]
     summary = {
-        "policy": "sync_single_engine", "steps": len(res.steps), "wall_s": round(time.perf_counter() - t0, 2),
+        "policy": "sync_single_engine", "steps": len(res.steps), "wall_s": round(clock.now(), 2),
         "runs_finished": sum(s.runs for s in res.steps), "runs_scored": sum(s.scored_runs for s in res.steps),
         "trained_tokens": sum(s.trained_tokens for s in res.steps),
         "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,

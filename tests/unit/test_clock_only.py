@@ -1,15 +1,13 @@
-"""Every wait and every time stamp in gyre_hpc goes through the injected clock (issue 14): a direct ``time.time``,
-``time.monotonic``, ``time.perf_counter`` or ``time.sleep`` call outside ``ALLOWED`` fails here, so a new one
-fails CI. ``ALLOWED`` names each exception as ``path:function`` (the function's qualified name); each such spot
-carries a one-line comment saying why it stays."""
+"""Every wait and every time stamp in gyre_hpc and in its entry points (jobs/, issue 30) goes through the injected
+clock (issue 14): a direct ``time.time``, ``time.monotonic``, ``time.perf_counter`` or ``time.sleep`` call outside
+``ALLOWED`` fails here, so a new one fails CI. ``ALLOWED`` names each exception as ``path:function`` (the function's
+qualified name); each such spot carries a one-line comment saying why it stays."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-import gyre_hpc
+from source_scan import flagged, stray_and_stale
 
-PACKAGE = Path(gyre_hpc.__file__).parent
 NAMES = {"time", "monotonic", "sleep", "perf_counter", "time_ns", "monotonic_ns", "perf_counter_ns"}
 
 ALLOWED = {
@@ -21,41 +19,26 @@ ALLOWED = {
 }
 
 
+def _calls_time(node: ast.AST, path: str) -> bool:
+    """``node`` calls ``time.<NAMES>`` or imports one of them from ``time``."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in NAMES:
+        return isinstance(node.func.value, ast.Name) and node.func.value.id == "time"
+    return isinstance(node, ast.ImportFrom) and node.module == "time" and any(a.name in NAMES for a in node.names)
+
+
 def direct_time_calls(source: str, path: str) -> list[str]:
     """``path:qualname`` of each function that calls ``time.<NAMES>`` (or imports them from ``time``) in ``source``."""
-    found: list[str] = []
-
-    def visit(node: ast.AST, scope: list[str]) -> None:
-        for child in ast.iter_child_nodes(node):
-            inner = scope + [child.name] if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                               ast.ClassDef)) else scope
-            where = f"{path}:{'.'.join(scope) or '<module>'}"
-            if (isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute) and child.func.attr in NAMES
-                    and isinstance(child.func.value, ast.Name) and child.func.value.id == "time"):
-                found.append(where)
-            if (isinstance(child, ast.ImportFrom) and child.module == "time"
-                    and any(a.name in NAMES for a in child.names)):
-                found.append(where)
-            visit(child, inner)
-
-    visit(ast.parse(source), [])
-    return found
+    return flagged(source, path, _calls_time)
 
 
-def test_gyre_hpc_reads_time_only_through_the_clock_outside_the_allow_list():
-    calls = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = f"gyre_hpc/{path.relative_to(PACKAGE).as_posix()}"
-        calls += direct_time_calls(path.read_text(), rel)
-    stray = sorted(set(calls) - ALLOWED)
+def test_gyre_hpc_and_the_jobs_read_time_only_through_the_clock_outside_the_allow_list():
+    stray, _ = stray_and_stale(_calls_time, ALLOWED)
     assert not stray, "direct time.* calls bypass the injected clock (gyre_hpc/clock.py): " + ", ".join(stray)
 
 
 def test_allow_list_names_only_functions_that_still_call_time():
-    calls = set()
-    for path in sorted(PACKAGE.rglob("*.py")):
-        calls |= set(direct_time_calls(path.read_text(), f"gyre_hpc/{path.relative_to(PACKAGE).as_posix()}"))
-    assert ALLOWED <= calls, f"stale allow-list entries: {sorted(ALLOWED - calls)}"
+    _, stale = stray_and_stale(_calls_time, ALLOWED)
+    assert not stale, f"stale allow-list entries: {stale}"
 
 
 def test_scanner_finds_calls_in_methods_nested_functions_and_from_imports():

@@ -1,8 +1,9 @@
-"""Config flows down as sections (issue 14, item 4): every ``cfg`` parameter in gyre_hpc is annotated, none is
-``Any`` outside ``ANY_OK``, and the root ``GyreConfig`` is taken only by the functions in ``ROOT_OK`` (path:function),
-the ones that compose sections: the launcher and the rank entry points, the sbatch/submitit rendering, the
-simulator's runs of a whole config. A live component (a cell's sides, rollouts, the engine's start directory)
-takes the typed sections it needs."""
+"""Config flows down as sections (issue 14, item 4): every ``cfg`` parameter in gyre_hpc and in the entry points
+(jobs/, issue 30) is annotated, none is ``Any`` outside ``ANY_OK``, and in gyre_hpc the root ``GyreConfig`` is taken
+only by the functions in ``ROOT_OK`` (path:function), the ones that compose sections: the launcher and the rank entry
+points, the sbatch/submitit rendering, the run directory's config file, the simulator's runs of a whole config. A
+live component (a cell's sides, rollouts, the engine's start directory) takes the typed sections it needs. The
+entry points in jobs/ compose sections by definition: they may take the root."""
 from __future__ import annotations
 
 import ast
@@ -11,6 +12,7 @@ from pathlib import Path
 import gyre_hpc
 
 PACKAGE = Path(gyre_hpc.__file__).parent
+JOBS = PACKAGE.parent / "jobs"
 
 ANY_OK = {
     "gyre_hpc/config.py:to_dict",  # any config dataclass, the root or a section
@@ -64,16 +66,18 @@ def cfg_parameters(source: str, path: str) -> list[tuple[str, str | None]]:
     return found
 
 
-def all_cfg_parameters() -> list[tuple[str, str | None]]:
+def all_cfg_parameters(root: Path = PACKAGE) -> list[tuple[str, str | None]]:
     out = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        out += cfg_parameters(path.read_text(), f"gyre_hpc/{path.relative_to(PACKAGE).as_posix()}")
+    for path in sorted(root.rglob("*.py")):
+        out += cfg_parameters(path.read_text(), f"{root.name}/{path.relative_to(root).as_posix()}")
     return out
 
 
 def test_every_cfg_parameter_is_annotated_with_a_config_type():
     params = all_cfg_parameters()
     assert params, "the scan found no cfg parameter at all"
+    assert any(where.startswith("jobs/") for where, _ in all_cfg_parameters(JOBS)), "the scan missed jobs/"
+    params += all_cfg_parameters(JOBS)
     bare = [where for where, ann in params if ann is None]
     assert not bare, "cfg parameters without a type: " + ", ".join(bare)
     loose = [where for where, ann in params if ann in ("Any", "typing.Any", "object") and where not in ANY_OK]
