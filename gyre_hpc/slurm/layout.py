@@ -44,6 +44,7 @@ from typing import Sequence
 
 from gyre_hpc.config import ClusterConfig, EngineConfig, GyreConfig, ModelConfig, TrainConfig
 from gyre_hpc.errors import LayoutError
+from gyre_hpc.replicas import tp_refusal
 from gyre_hpc.slurm.env import SlurmEnv
 
 ALLOCATOR_RANK = 0
@@ -267,10 +268,5 @@ def geometry_problems(c: ClusterConfig, m: ModelConfig, e: EngineConfig, t: Trai
     if t is not None and t.expert_parallel > 1:
         out.append(f"train.expert_parallel={t.expert_parallel}: the live cells build no expert-parallel world yet "
                    f"(the trainer alone does: tests/integration/test_moe.py); use 1 in a live run")
-    if c.workers % e.tp:
-        out.append(f"engine.tp={e.tp} does not divide the {c.workers} workers per node: an engine replica's GPUs "
-                   f"are on one node")
-    if e.tp > 1 and e.kind == "local":
-        out.append(f"engine.tp={e.tp}: the local engine has no tensor parallelism; use engine.tp 1 (each worker "
-                   f"serves its own replica) or engine.kind sglang")
-    return out
+    engine_tp = tp_refusal(c, e)
+    return out + ([engine_tp] if engine_tp else [])
