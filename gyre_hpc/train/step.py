@@ -26,6 +26,8 @@ Invariants
 - Memory: tree attention (``model.attention: tree``) and the chunked output layer (``train.logits_chunk_tokens``)
   hold no ``[T, T]`` tensor and no full-vocabulary logits of a micro-batch; ``train.recompute`` keeps one layer's
   activations at a time. None changes the loss or the gradients beyond float rounding.
+- ``train.distributed_optimizer`` (ZeRO-1, ``gyre_hpc.train.zero``) shards the AdamW moments over the data-parallel
+  replicas and changes no weight: a sharded step equals the unsharded one bit for bit.
 """
 from __future__ import annotations
 
@@ -40,8 +42,7 @@ import torch.distributed as dist
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.config import ModelConfig, TrainConfig
 from gyre_hpc.errors import TrajectoryError
-from gyre_hpc.train import checkpoint
-from gyre_hpc.train import agreement, moe
+from gyre_hpc.train import agreement, checkpoint, moe, zero
 from gyre_hpc.train.adamw import AdamW
 from gyre_hpc.train.layout import cut_overlong, layout
 from gyre_hpc.train.loss import chunked_logprobs, gather_logprobs, policy_loss, ppo_stats, tis_weights
@@ -91,7 +92,20 @@ class Trainer:
         self.optimizer = AdamW(
             self.params, lr=train_cfg.lr, betas=tuple(train_cfg.betas), weight_decay=train_cfg.weight_decay
         )
+        self.sharded = self._shard_optimizer()
         self.version = 0
+
+    def _shard_optimizer(self) -> zero.ShardedOptimizer | None:
+        """ZeRO-1 over the data-parallel replicas (``train.distributed_optimizer``), or None (one replica: nothing
+        to shard; expert parallel: the replicas hold different experts)."""
+        if not self.cfg.distributed_optimizer or moe.ep_rank_size()[1] > 1:
+            return None
+        dp_rank, dp, group = _data_parallel()
+        return zero.ShardedOptimizer(self.optimizer, self.params, dp_rank, dp, group) if dp > 1 else None
+
+    def _optimizer_step(self) -> None:
+        (self.sharded or self.optimizer).step()
+        self.optimizer.zero_grad(set_to_none=True)
 
     # ------------------------------------------------------------------------------------------ forward
     def _check(self, batch: PackedBatch) -> None:
@@ -219,8 +233,7 @@ class Trainer:
                 g = checkpoint.local_shard(p, name, torch.from_numpy(np.asarray(full[name])), self.model_cfg.swiglu)
                 p.grad = g.to(p.dtype).contiguous()
         norm = self.clip_grads() if full else 0.0
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._optimizer_step()
         return norm
 
     def load_weights(self, full: dict[str, torch.Tensor]) -> None:
@@ -269,8 +282,7 @@ class Trainer:
         t0 = self.clock.now()
         metrics = self._accumulate(batch)
         norm = self.clip_grads()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._optimizer_step()
         self.version += 1
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -287,6 +299,8 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.sharded is not None:
+            self.sharded.keep_owned()
         self.version = int(state["version"])
 
     def export_weights(self) -> dict[str, torch.Tensor]:
@@ -314,7 +328,8 @@ class Trainer:
         """Write model, optimizer and version to the directory ``path`` atomically."""
         from megatron.core import parallel_state as ps
 
-        meta = {"version": self.version, "tensor_parallel": ps.get_tensor_model_parallel_world_size()}
+        meta = {"version": self.version, "tensor_parallel": ps.get_tensor_model_parallel_world_size(),
+                "distributed_optimizer": self.sharded is not None}
         return checkpoint.save(path, self.state_dict(), meta)
 
     def load_checkpoint(self, path: str | Path) -> None:
@@ -323,7 +338,8 @@ class Trainer:
         from megatron.core import parallel_state as ps
 
         world = dist.get_world_size() if dist.is_initialized() else 1
-        if checkpoint.layout_of(path) != (world, ps.get_tensor_model_parallel_world_size()):
+        here = (world, ps.get_tensor_model_parallel_world_size(), self.sharded is not None)
+        if checkpoint.layout_of(path) != here:  # another layout, or moments sharded one way and read the other
             self.load_state_dict(checkpoint.load_resharded(path, self.model, self.model_cfg.swiglu))
             return
         state, _ = checkpoint.load(path)
