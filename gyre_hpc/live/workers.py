@@ -46,7 +46,10 @@ from gyre_hpc.config import ClusterConfig
 ORDER, REPORT = 0x6F72, 0x7270  # "or", "rp"
 #: trainer calls that involve the cell's collectives: mirrored on every worker
 COLLECTIVE = ("group_grads_full", "apply_grads", "load_weights", "export_weights", "save_checkpoint",
-              "load_checkpoint", "set_version")
+              "load_checkpoint", "set_version", "publish_weights")
+#: collective calls whose first argument (a transfer publisher) lives on the leader, the sender, only: the workers
+#: get None in its place and take part in the collectives alone (``Trainer.publish_weights``)
+SENDER_ONLY = ("publish_weights",)
 POLL_MAX_S = 0.02  # longest back-off between two polls of an idle worker
 STOP_WAIT_S = 30.0  # how long a leader waits for its workers' reports at the end
 STORE_TIMEOUT_S = 600.0  # how long the cell's workers may take to meet (a loaded machine starts slowly)
@@ -199,7 +202,8 @@ class MirroredTrainer:
             return value
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            self._orders.send(name, *args, **kwargs)
+            sent = (None, *args[1:]) if name in SENDER_ONLY else args
+            self._orders.send(name, *sent, **kwargs)
             return value(*args, **kwargs)
 
         return call
