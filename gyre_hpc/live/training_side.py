@@ -226,11 +226,13 @@ class CoreTrainer(_Side):
 
 
 def parallel_sizes() -> dict:
-    """``{"tp", "pp", "dp"}`` of this process's training world (megatron's groups)."""
+    """``{"tp", "pp", "dp"}`` of this process's training world (megatron's groups), with ``"ep"`` when a MoE model's
+    experts are split over an expert-parallel group."""
     from megatron.core import parallel_state as ps
 
+    ep = ps.get_expert_model_parallel_world_size()
     return {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
-            "dp": ps.get_data_parallel_world_size()}
+            "dp": ps.get_data_parallel_world_size(), **({"ep": ep} if ep > 1 else {})}
 
 
 def is_checksum_error(exc: Exception) -> bool:

@@ -113,6 +113,7 @@ class Geometry:
     address: str
     port: int
     loopback: bool  # the whole cell on one host: gloo's pairs connect over lo (GLOO_SOCKET_IFNAME)
+    ep: int = 1  # expert parallel (MoE: train.expert_parallel; the whole cell is one expert-parallel group)
 
 
 @dataclass
@@ -146,7 +147,7 @@ class Orders:
             self.comm.send((method, args, kwargs), dest=dest, tag=ORDER)
         self.sent += 1
 
-    def meeting(self) -> tuple[Geometry, Any]:
+    def meeting(self, ep: int = 1) -> tuple[Geometry, Any]:
         """Where the cell's torch.distributed world meets, and its store: the leader hosts a TCP store on a port
         the system gives it (bound before anyone is told of it, so no other process can take it meanwhile)."""
         from datetime import timedelta
@@ -156,7 +157,7 @@ class Orders:
         address = "127.0.0.1" if self.one_host else _address(socket.gethostname())
         store = dist.TCPStore(address, 0, self.size, True, timedelta(seconds=STORE_TIMEOUT_S),
                               wait_for_workers=False)
-        return Geometry(self.size, self.cluster.tensor_parallel, address, store.port, self.one_host), store
+        return Geometry(self.size, self.cluster.tensor_parallel, address, store.port, self.one_host, ep), store
 
     def stop(self) -> list[WorkerReport]:
         """Tell every worker to return; their reports, in worker order (a worker that never answers: none)."""
@@ -226,7 +227,7 @@ def build_trainer(model, train, seed: int, clock: Clock | None, orders: Orders |
     if orders is None or orders.size == 1:
         init_parallel(seed=seed)
         return Trainer(model, train, seed, clock=clock)
-    geo, store = orders.meeting()
+    geo, store = orders.meeting(train.expert_parallel)
     orders.send("init", model, train, seed, geo)
     _join(geo, 0, seed, store)
     return MirroredTrainer(Trainer(model, train, seed, clock=clock), orders)
@@ -245,7 +246,8 @@ def _join(geo: Geometry, worker: int, seed: int, store: Any = None) -> None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if store is None:
         store = dist.TCPStore(geo.address, geo.port, geo.size, False, timedelta(seconds=STORE_TIMEOUT_S))
-    init_parallel(world_size=geo.size, rank=worker, tensor_parallel=geo.tp, seed=seed, store=store)
+    init_parallel(world_size=geo.size, rank=worker, tensor_parallel=geo.tp, seed=seed, store=store,
+                  expert_parallel=geo.ep)
 
 
 def follow(comm: Any, clock: Clock | None = None) -> WorkerReport:

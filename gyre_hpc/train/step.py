@@ -222,16 +222,18 @@ class Trainer:
         """``group_grads`` with every gradient as the single-rank model would hold it (tensor-parallel shards
         gathered; data-parallel replicas summed): what goes into the core's sum, wherever the group ran."""
         metrics, grads, mine = self.group_grads(batch, trainer_old)
-        return metrics, checkpoint.gather_tensors(self.model, grads, self.model_cfg.swiglu), mine
+        return metrics, moe.gather_expert_grads(
+            self.model, checkpoint.gather_tensors(self.model, grads, self.model_cfg.swiglu)), mine
 
     def apply_grads(self, full: dict[str, np.ndarray]) -> float:
         """One AdamW update with ``full`` (name -> whole-model gradient) as the gradients, clipped to
-        ``train.grad_clip``; returns the norm before clipping (0 when ``full`` is empty)."""
+        ``train.grad_clip``; returns the norm before clipping (0 when ``full`` is empty). ``full`` is left as it was."""
         self.optimizer.zero_grad(set_to_none=True)
+        full = moe.to_local(full, self.model_cfg.experts)  # expert parallel: this rank's experts, local names
         for name, p in self.model.named_parameters():
             if name in full:
                 g = checkpoint.local_shard(p, name, torch.from_numpy(np.asarray(full[name])), self.model_cfg.swiglu)
-                p.grad = g.to(p.dtype).contiguous()
+                p.grad = g.to(p.dtype, copy=True).contiguous()  # clipping scales it in place: never the caller's
         norm = self.clip_grads() if full else 0.0
         self._optimizer_step()
         return norm
@@ -240,12 +242,12 @@ class Trainer:
         """Load whole-model tensors (``export_weights``'s form: another cell's, any layout) into this rank's shards."""
         params = dict(self.model.named_parameters())
         state = {k: checkpoint.local_shard(params[k], k, v, self.model_cfg.swiglu) if k in params else v
-                 for k, v in full.items()}
+                 for k, v in moe.to_local(full, self.model_cfg.experts).items()}
         self.model.load_state_dict(state, strict=False)
 
     def full_shapes(self) -> dict[str, tuple[int, ...]]:
         """Each parameter's shape in the single-rank model (the form of ``group_grads_full``'s gradients)."""
-        return {n: checkpoint.full_shape(p) for n, p in self.model.named_parameters()}
+        return moe.global_shapes({n: checkpoint.full_shape(p) for n, p in self.model.named_parameters()})
 
     def set_version(self, version: int) -> None:
         self.version = int(version)
@@ -321,6 +323,10 @@ class Trainer:
         descriptor on the sender, None elsewhere."""
         from gyre_hpc.train.reshard import publish_resharded
 
+        if moe.ep_rank_size()[1] > 1:  # the buckets are planned per TP/PP shard, not per expert-parallel rank
+            full = self.export_weights()
+            return None if publisher is None else publisher.publish({k: v.numpy() for k, v in full.items()},
+                                                                    version=self.version)
         return publish_resharded(self.model, self.model_cfg, publisher, self.version,
                                  int(self.cfg.weight_bucket_mb * 2**20))[0]
 
@@ -329,7 +335,7 @@ class Trainer:
         from megatron.core import parallel_state as ps
 
         meta = {"version": self.version, "tensor_parallel": ps.get_tensor_model_parallel_world_size(),
-                "distributed_optimizer": self.sharded is not None}
+                "distributed_optimizer": self.sharded is not None, "expert_parallel": moe.ep_rank_size()[1]}
         return checkpoint.save(path, self.state_dict(), meta)
 
     def load_checkpoint(self, path: str | Path) -> None:
@@ -339,6 +345,7 @@ class Trainer:
 
         world = dist.get_world_size() if dist.is_initialized() else 1
         here = (world, ps.get_tensor_model_parallel_world_size(), self.sharded is not None)
+        moe.check_checkpoint(path)
         if checkpoint.layout_of(path) != here:  # another layout, or moments sharded one way and read the other
             self.load_state_dict(checkpoint.load_resharded(path, self.model, self.model_cfg.swiglu))
             return
