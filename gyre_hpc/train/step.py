@@ -231,7 +231,7 @@ class Trainer:
         for name, p in self.model.named_parameters():
             if name in full:
                 g = checkpoint.local_shard(p, name, torch.from_numpy(np.asarray(full[name])), self.model_cfg.swiglu)
-                p.grad = g.to(p.dtype).contiguous()
+                p.grad = g.to(device=p.device, dtype=p.dtype).contiguous()  # CPU gradients, CUDA weights
         norm = self.clip_grads() if full else 0.0
         self._optimizer_step()
         return norm
