@@ -233,7 +233,8 @@ class Trainer:
         for name, p in self.model.named_parameters():
             if name in full:
                 g = checkpoint.local_shard(p, name, torch.from_numpy(np.asarray(full[name])), self.model_cfg.swiglu)
-                p.grad = g.to(p.dtype, copy=True).contiguous()  # clipping scales it in place: never the caller's
+                # on the weights' device (CPU gradients, CUDA weights), a copy: clipping scales it in place
+                p.grad = g.to(device=p.device, dtype=p.dtype, copy=True).contiguous()
         norm = self.clip_grads() if full else 0.0
         self._optimizer_step()
         return norm
