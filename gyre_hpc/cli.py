@@ -76,7 +76,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"] and not {"--help", "-h", "--dry-run", "--sync"} & set(argv):
-        from gyre_hpc import early_signals
+        from gyre_hpc.lifecycle import early_signals
 
         early_signals.arm()  # a preemption during the imports below is noted, not fatal (jobs/train.py)
     parser = build_parser(argv)

@@ -50,7 +50,7 @@ def early_preemption(rank: bool):
     notes them (live.preempt.Preemption); a rank ``gyre train`` launched leaves them their default action
     (its preemption comes as RUN_DIR/preempt.request; a signal there is mpirun ending the job); the launcher
     notes one that comes before mpirun starts (``launch`` then forwards the later ones)."""
-    from gyre_hpc import early_signals
+    from gyre_hpc.lifecycle import early_signals
     from gyre_hpc.live.preempt import SIGNALS, Preemption
 
     if rank and os.environ.get(LAUNCHED_ENV):
