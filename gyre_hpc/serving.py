@@ -38,7 +38,8 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from gyre_hpc import auth, rank_signals
+from gyre_hpc import auth
+from gyre_hpc.lifecycle import rank_signals
 from gyre_hpc.clock import wait_until
 from gyre_hpc.config import HttpConfig
 from gyre_hpc.errors import ConfigError

@@ -17,7 +17,7 @@ Invariants
   for srun's teardown after a lost rank (exit 69, ``lost_rank_saved``) unless the script's request file comes
   within ``lost.REQUEST_GRACE_S`` (``lost.SrunTeardown``); SIGUSR1 stays a preemption. Ranks srun started without
   the script (by hand, submitit) take both signals for a preemption; submitit's tasks also the signal submitit
-  asks SLURM for before the time limit (USR2; their stack dump moves to SIGQUIT: ``gyre_hpc.rank_signals``).
+  asks SLURM for before the time limit (USR2; their stack dump moves to SIGQUIT: ``gyre_hpc.lifecycle.rank_signals``).
 - Everything a rank checks (run directory, resume config, resume files) is checked before MPI starts, alike on
   every rank, so a bad start fails every rank the same way instead of hanging a collective.
 - A rank that raises ends the whole MPI world (MPI_Abort) after writing RUN_DIR/errors/rankN.txt: no hang.
@@ -256,11 +256,11 @@ def _traceback_on_signal(path: Path) -> None:
     """``kill -USR2 PID`` makes a rank append every thread's stack to ``path``: how to see where a hung rank is.
     ``gyre train`` signals every rank when it is interrupted (Ctrl-C, a second SIGTERM, a test's timeout).
     (SIGUSR1 is the preemption signal: live/preempt.py.) On submitit's SLURM tasks USR2 is the time-limit
-    preemption and the dump is ``kill -QUIT PID`` (``gyre_hpc.rank_signals``, decided once per process)."""
+    preemption and the dump is ``kill -QUIT PID`` (``gyre_hpc.lifecycle.rank_signals``, decided once per process)."""
     import faulthandler
     import signal
 
-    from gyre_hpc import rank_signals
+    from gyre_hpc.lifecycle import rank_signals
 
     path.parent.mkdir(parents=True, exist_ok=True)
     dump = signal.Signals[rank_signals.current().dump]

@@ -5,7 +5,7 @@ time limit (edge: submitit).
 
     the step gets SIGUSR1 or SIGTERM (a preemption: ``scancel --signal=USR1 JOBID``, srun's signal), or the signal
     submitit's sbatch asks for N seconds before the time limit (``--signal=USR2@N``, N = slurm.signal's seconds;
-    gyre_hpc.rank_signals: on submitit's tasks USR2 is a preemption, and the stack dump is SIGQUIT)
+    gyre_hpc.lifecycle.rank_signals: on submitit's tasks USR2 is a preemption, and the stack dump is SIGQUIT)
       every rank: the live run stops in order, rank 0 writes RUN_DIR/resume, every rank returns exit 75
       rank 0 (after its role ended, the state on disk): ``checkpoint()`` -> DelayedSubmission(self, config, run_dir)
               stored as submitit's own handler stores it (``job_environment._checkpoint``), then
@@ -41,7 +41,7 @@ from typing import Any
 
 from submitit.helpers import Checkpointable
 
-from gyre_hpc import rank_signals
+from gyre_hpc.lifecycle import rank_signals
 from gyre_hpc.errors import GyreError
 from gyre_hpc.resume import PREEMPTED_EXIT
 from gyre_hpc.slurm.submit_tasks import Preempted, train_rank
