@@ -52,7 +52,8 @@ import signal
 from pathlib import Path
 from typing import Callable
 
-from gyre_hpc import preempt_request, resume
+from gyre_hpc import resume
+from gyre_hpc.lifecycle import preempt_request
 from gyre_hpc.lifecycle import rank_signals
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.allocator.batches import FixedBatches
@@ -60,7 +61,7 @@ from gyre_hpc.allocator.batches import FixedBatches
 #: the preemption signals of every path; submitit's SLURM tasks add the time-limit signal (gyre_hpc.lifecycle.rank_signals)
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 #: the file ``gyre train`` (or the sbatch script) writes into RUN_DIR when it is preempted (its content: the
-#: signal's name); its one home is gyre_hpc.preempt_request
+#: signal's name); its one home is gyre_hpc.lifecycle.preempt_request
 REQUEST_FILE = preempt_request.REQUEST_FILE
 POLL_S = 0.25
 #: seconds rank 0 waits for the step already out (its gradients, the optimizer, the STEPPED record)

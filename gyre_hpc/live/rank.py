@@ -41,7 +41,7 @@ import yaml
 from gyre_hpc.config import GyreConfig, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
 from gyre_hpc.live.launch import LAUNCHED_ENV
-from gyre_hpc.preempt_request import SBATCH_ENV
+from gyre_hpc.lifecycle.preempt_request import SBATCH_ENV
 from gyre_hpc.resume import PREEMPTED_EXIT
 
 

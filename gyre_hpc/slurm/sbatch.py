@@ -56,7 +56,7 @@ from typing import Sequence
 from gyre_hpc import listen
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.openmpi import LOCAL_EXPORTS
-from gyre_hpc.preempt_request import REQUEST_FILE, SBATCH_ENV
+from gyre_hpc.lifecycle.preempt_request import REQUEST_FILE, SBATCH_ENV
 from gyre_hpc.resume import PREEMPTED_EXIT
 from gyre_hpc.slurm.layout import local_nodes, plan
 from gyre_hpc.slurm_options import parse_signal

@@ -11,7 +11,7 @@ from gyre_hpc.clock import ManualClock
 from gyre_hpc.live import lost
 from gyre_hpc.live.launch import LAUNCHED_ENV
 from gyre_hpc.live.preempt import REQUEST_FILE, Preemption
-from gyre_hpc.preempt_request import SBATCH_ENV
+from gyre_hpc.lifecycle.preempt_request import SBATCH_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 
