@@ -332,7 +332,7 @@ class CellRunner:
 
     def _carry_stats(self) -> None:
         """A resumed run's cell continues the earlier segments' records (switches, pulls)."""
-        from gyre_hpc import resume
+        from gyre_hpc.lifecycle import resume
 
         path = self.run_dir / "cells" / f"cell{self.cell}.json"
         self.earlier = json.loads(path.read_text()) if resume.exists(self.run_dir) and path.is_file() else {}

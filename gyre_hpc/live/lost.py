@@ -33,7 +33,7 @@ job fails with 69.
 Invariants (tests/integration/test_preempt_edges.py::test_sigkill_of_a_rollout_cells_rank_exits_69_with_a_resume_state_that_finishes,
 tests/unit/test_srun_teardown.py,
 tests/integration/test_slurm_live.py::test_a_killed_cell_rank_is_srun_again_in_the_allocation_and_the_job_completes)
-- The saved state passes ``gyre_hpc.resume.load``: its checkpoint holds its version, the step records and the
+- The saved state passes ``gyre_hpc.lifecycle.resume.load``: its checkpoint holds its version, the step records and the
   SchedState counters agree.
 - No buffered group was trained in that checkpoint (the groups of an unfinished step are buffered again).
 - ``SrunTeardown`` decides once: a teardown only after ``REQUEST_GRACE_S`` without a request file and without a
@@ -54,7 +54,7 @@ import shutil
 import signal
 from pathlib import Path
 
-from gyre_hpc import resume
+from gyre_hpc.lifecycle import resume
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.errors import CheckpointError
 from gyre_hpc.io import atomic_dir

@@ -11,7 +11,7 @@
                                     teardown, live/lost.py ``SrunTeardown``)
       rank 0:  Rollouts.close (no group starts or becomes ready) · Hub.freeze (no group goes out) · no more
                decisions · wait until no step is pending and the allocator applied the core's last step
-               · write RUN_DIR/resume (gyre_hpc.resume) · event ``preempted`` · Shutdown("preempted: SIG") to the cells
+               · write RUN_DIR/resume (gyre_hpc.lifecycle.resume) · event ``preempted`` · Shutdown("preempted: SIG") to the cells
       cells:   note the signal, keep going until rank 0's Shutdown (the core never starts a step it cannot finish:
                it steps only on a whole batch, and none goes out after the freeze)
       every rank exits with PREEMPTED_EXIT; ``gyre train`` prints how to resume, sbatch requeues the job
@@ -52,7 +52,7 @@ import signal
 from pathlib import Path
 from typing import Callable
 
-from gyre_hpc import resume
+from gyre_hpc.lifecycle import resume
 from gyre_hpc.lifecycle import preempt_request
 from gyre_hpc.lifecycle import rank_signals
 from gyre_hpc.clock import Clock, WallClock
@@ -130,7 +130,7 @@ class Preemption:
 
 
 def snapshot(server, hub, rollouts, steps: list[dict], carry: dict, wall_s: float) -> dict:
-    """Rank 0's resume state (gyre_hpc.resume) at a quiet point: no step pending, no group going out."""
+    """Rank 0's resume state (gyre_hpc.lifecycle.resume) at a quiet point: no step pending, no group going out."""
     held = rollouts.batches.holding() if rollouts.batches else []
     stamped = [(g, int(g.ready_version), False) for g in hub.buffer()]  # the hub stamped these on intake
     stamped += [(g, max(hub.version, *g.gen_versions, 0), True) for g in held]  # what its intake would stamp now

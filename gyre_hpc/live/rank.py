@@ -21,7 +21,7 @@ Invariants
 - Everything a rank checks (run directory, resume config, resume files) is checked before MPI starts, alike on
   every rank, so a bad start fails every rank the same way instead of hanging a collective.
 - A rank that raises ends the whole MPI world (MPI_Abort) after writing RUN_DIR/errors/rankN.txt: no hang.
-- The exit status is 0, or ``gyre_hpc.resume.PREEMPTED_EXIT`` when the run was preempted and its resume state
+- The exit status is 0, or ``gyre_hpc.lifecycle.resume.PREEMPTED_EXIT`` when the run was preempted and its resume state
   saved; rank 0 prints the summary (``print_summary``) unless preempted.
 - The placement of a rank inside a SLURM step is checked by the caller (jobs/train.py, slurm/submit_tasks.py):
   this package never imports ``gyre_hpc.slurm``.
@@ -42,7 +42,7 @@ from gyre_hpc.config import GyreConfig, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
 from gyre_hpc.live.launch import LAUNCHED_ENV
 from gyre_hpc.lifecycle.preempt_request import SBATCH_ENV
-from gyre_hpc.resume import PREEMPTED_EXIT
+from gyre_hpc.lifecycle.resume import PREEMPTED_EXIT
 
 
 def early_preemption(rank: bool):
@@ -68,8 +68,8 @@ def early_preemption(rank: bool):
 
 def check_resume_config(cfg: GyreConfig, run_dir: Path) -> None:
     """A resume continues the run in ``run_dir``: its config may differ from RUN_DIR/config.yaml only in the keys
-    ``gyre_hpc.resume.may_change`` allows (steps, run directory name, timeouts, retries, slurm.*)."""
-    from gyre_hpc import resume
+    ``gyre_hpc.lifecycle.resume.may_change`` allows (steps, run directory name, timeouts, retries, slurm.*)."""
+    from gyre_hpc.lifecycle import resume
 
     path = run_dir / "config.yaml"
     if not resume.exists(run_dir) or not path.is_file():
@@ -153,7 +153,7 @@ def _shared_initial_model(cfg: GyreConfig, run_dir: Path, comm, rank: int):
 def _check_resume_files(run_dir: Path) -> None:
     """A rank started on a RUN_DIR with a resume state (the requeued SLURM job): every file it needs is there,
     checked before MPI starts (a ``CheckpointError`` naming the first one missing, alike on every rank)."""
-    from gyre_hpc import resume
+    from gyre_hpc.lifecycle import resume
 
     if resume.exists(run_dir):
         resume.check_files(run_dir, resume.load(run_dir))

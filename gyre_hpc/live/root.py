@@ -36,7 +36,7 @@ from pathlib import Path
 
 import yaml
 
-from gyre_hpc import resume
+from gyre_hpc.lifecycle import resume
 from gyre_hpc.allocator import batches
 from gyre_hpc.allocator.eventlog import EventLog, read_events
 from gyre_hpc.allocator.roles import role_share

@@ -48,13 +48,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from gyre_hpc import resume
+from gyre_hpc.lifecycle import resume
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.errors import GyreError
 from gyre_hpc.io import atomic_write_json
 from gyre_hpc.live.lost import RANK_LOST_EXIT
 from gyre_hpc.live.periodic import EVENT as PERIODIC_EVENT
-from gyre_hpc.resume import PREEMPTED_EXIT
+from gyre_hpc.lifecycle.resume import PREEMPTED_EXIT
 
 #: exit status of a run that ended on an unrecoverable error (EX_SOFTWARE); RANK_LOST_EXIT (69) is live/lost.py's
 ERROR_EXIT = 70

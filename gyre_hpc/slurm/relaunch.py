@@ -44,7 +44,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from gyre_hpc import resume
+from gyre_hpc.lifecycle import resume
 from gyre_hpc.live import supervise
 from gyre_hpc.live.lost import RANK_LOST_EXIT
 

@@ -33,7 +33,7 @@ Invariants
 - The bind shim's lines (``gyre_hpc.listen.batch_lines``) appear only when ``cluster.listen_interface`` names an
   interface, or is null with ``slurm.local_cluster`` true (then ``lo``).
 - The script requeues itself only when ``slurm.requeue`` is true and ``slurm.max_requeues`` > 0, only on the
-  preempted exit status (``gyre_hpc.resume.PREEMPTED_EXIT``) or a resume state the step wrote, never after a
+  preempted exit status (``gyre_hpc.lifecycle.resume.PREEMPTED_EXIT``) or a resume state the step wrote, never after a
   SIGTERM to the batch shell (a plain ``scancel``; unless TERM is the preemption signal), and exits with the
   step's status otherwise.
 - The script sruns the step again (same allocation) only when ``python -m gyre_hpc.slurm.relaunch`` says so:
@@ -57,7 +57,7 @@ from gyre_hpc import listen
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.openmpi import LOCAL_EXPORTS
 from gyre_hpc.lifecycle.preempt_request import REQUEST_FILE, SBATCH_ENV
-from gyre_hpc.resume import PREEMPTED_EXIT
+from gyre_hpc.lifecycle.resume import PREEMPTED_EXIT
 from gyre_hpc.slurm.layout import local_nodes, plan
 from gyre_hpc.slurm_options import parse_signal
 

@@ -43,7 +43,7 @@ from submitit.helpers import Checkpointable
 
 from gyre_hpc.lifecycle import rank_signals
 from gyre_hpc.errors import GyreError
-from gyre_hpc.resume import PREEMPTED_EXIT
+from gyre_hpc.lifecycle.resume import PREEMPTED_EXIT
 from gyre_hpc.slurm.submit_tasks import Preempted, train_rank
 
 

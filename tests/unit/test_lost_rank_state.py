@@ -1,13 +1,13 @@
 """gyre_hpc.live.lost: what rank 0 saves when mpirun tears the job down because a rank died: the checkpoint
 of the last step it applied (held even after the core replaced checkpoints/latest), counters consistent with
-its step records, and a state ``gyre_hpc.resume.load`` accepts."""
+its step records, and a state ``gyre_hpc.lifecycle.resume.load`` accepts."""
 import json
 import os
 import signal
 
 import pytest
 
-from gyre_hpc import resume
+from gyre_hpc.lifecycle import resume
 from gyre_hpc.errors import CheckpointError
 from gyre_hpc.io import atomic_dir
 from gyre_hpc.live import lost

@@ -8,7 +8,7 @@ import pytest
 from gyre_hpc.errors import ConfigError
 from gyre_hpc.live import supervise
 from gyre_hpc.live.supervise import Segment, relaunch_reason
-from gyre_hpc.resume import PREEMPTED_EXIT
+from gyre_hpc.lifecycle.resume import PREEMPTED_EXIT
 
 
 def seg(exit=69, saved=True, resume_state=True, resumed=False, preempted=False, stepped=True,
@@ -175,7 +175,7 @@ def test_a_preemption_that_comes_during_the_precheck_ends_as_preempted(tmp_path)
 
 
 def test_the_relaunch_budget_may_change_across_a_resume():
-    from gyre_hpc import resume
+    from gyre_hpc.lifecycle import resume
     from gyre_hpc.config import load_config, to_dict
 
     saved = to_dict(load_config("configs/local.yaml", []))
@@ -221,7 +221,7 @@ def test_rank_0_killed_before_any_save_ends_the_command(tmp_path):
 
 
 def test_the_periodic_save_interval_may_change_across_a_resume():
-    from gyre_hpc import resume
+    from gyre_hpc.lifecycle import resume
     from gyre_hpc.config import load_config, to_dict
 
     saved = to_dict(load_config("configs/local.yaml", []))
