@@ -98,7 +98,7 @@ def _note_rank_error(args: argparse.Namespace, exc: GyreError) -> None:
     import os
     from pathlib import Path
 
-    from gyre_hpc.lifecycle.preempt_request import SBATCH_ENV
+    from gyre_hpc.lifecycle.recovery import SBATCH_ENV
 
     run_dir, rank = getattr(args, "run_dir", None), os.environ.get("SLURM_PROCID")
     if not run_dir or rank is None or not os.environ.get(SBATCH_ENV) or not Path(run_dir).is_dir():

@@ -10,7 +10,7 @@
       └─ prints the summary (summary.json of the run directory) as one JSON object with --json
 
 Preemption: SIGTERM or SIGUSR1 to ``gyre train`` (or to the ranks: srun, scancel) saves the resume state and
-every rank exits with status 75 (``gyre_hpc.lifecycle.resume.PREEMPTED_EXIT``); ``gyre train CONFIG --resume RUN_DIR``
+every rank exits with status 75 (``gyre_hpc.lifecycle.recovery.PREEMPTED_EXIT``); ``gyre train CONFIG --resume RUN_DIR``
 continues the run at the same step, and so does any rank started on a RUN_DIR that holds a resume state (the
 requeued SLURM job). A second SIGTERM, or Ctrl-C, interrupts instead (stacks in RUN_DIR/traces/).
 A cell's rank that dies (exit 69 with rank 0's resume state) does not end the command: it launches the run again
@@ -41,9 +41,8 @@ from gyre_hpc.io import atomic_write_json, atomic_write_text, make_run_dir
 from gyre_hpc.models import run_init
 from gyre_hpc.live.launch import launch, rank_command
 from gyre_hpc.live.rank import check_resume_config, early_preemption, print_summary, run_rank
-from gyre_hpc.live.lost import RANK_LOST_EXIT
-from gyre_hpc.live.supervise import ERROR_EXIT, add_relaunches, saved_newer, supervise
-from gyre_hpc.lifecycle.resume import PREEMPTED_EXIT
+from gyre_hpc.lifecycle.recovery import ERROR_EXIT, PREEMPTED_EXIT, RANK_LOST_EXIT, saved_newer
+from gyre_hpc.live.supervise import add_relaunches, supervise
 from jobs import add_overrides
 
 DESCRIPTION = """\

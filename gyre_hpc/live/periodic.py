@@ -33,11 +33,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from gyre_hpc.lifecycle import resume
 from gyre_hpc.errors import GyreError
+from gyre_hpc.lifecycle import resume
+from gyre_hpc.lifecycle.recovery import RESUME_SAVED
 from gyre_hpc.live import lost, preempt
 
-EVENT = "resume_saved"
+EVENT = RESUME_SAVED
 FAILED = "resume_save_failed"
 
 

@@ -52,17 +52,12 @@ import signal
 from pathlib import Path
 from typing import Callable
 
-from gyre_hpc.lifecycle import resume
-from gyre_hpc.lifecycle import preempt_request
-from gyre_hpc.lifecycle import rank_signals
-from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.allocator.batches import FixedBatches
+from gyre_hpc.clock import Clock, WallClock
+from gyre_hpc.lifecycle import rank_signals, resume
 
 #: the preemption signals of every path; submitit's SLURM tasks add the time-limit signal (gyre_hpc.lifecycle.rank_signals)
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-#: the file ``gyre train`` (or the sbatch script) writes into RUN_DIR when it is preempted (its content: the
-#: signal's name); its one home is gyre_hpc.lifecycle.preempt_request
-REQUEST_FILE = preempt_request.REQUEST_FILE
 POLL_S = 0.25
 #: seconds rank 0 waits for the step already out (its gradients, the optimizer, the STEPPED record)
 PENDING_STEP_TIMEOUT_S = 120.0

@@ -21,7 +21,7 @@ Invariants
 - Everything a rank checks (run directory, resume config, resume files) is checked before MPI starts, alike on
   every rank, so a bad start fails every rank the same way instead of hanging a collective.
 - A rank that raises ends the whole MPI world (MPI_Abort) after writing RUN_DIR/errors/rankN.txt: no hang.
-- The exit status is 0, or ``gyre_hpc.lifecycle.resume.PREEMPTED_EXIT`` when the run was preempted and its resume state
+- The exit status is 0, or ``gyre_hpc.lifecycle.recovery.PREEMPTED_EXIT`` when the run was preempted and its resume state
   saved; rank 0 prints the summary (``print_summary``) unless preempted.
 - The placement of a rank inside a SLURM step is checked by the caller (jobs/train.py, slurm/submit_tasks.py):
   this package never imports ``gyre_hpc.slurm``.
@@ -40,9 +40,8 @@ import yaml
 
 from gyre_hpc.config import GyreConfig, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
+from gyre_hpc.lifecycle.recovery import PREEMPTED_EXIT, RANK_LOST_EXIT, SBATCH_ENV
 from gyre_hpc.live.launch import LAUNCHED_ENV
-from gyre_hpc.lifecycle.preempt_request import SBATCH_ENV
-from gyre_hpc.lifecycle.resume import PREEMPTED_EXIT
 
 
 def early_preemption(rank: bool):
@@ -89,7 +88,7 @@ def run_rank(cfg: GyreConfig, args: argparse.Namespace, preemption=None) -> int:
         preemption = early_preemption(rank=True)
     if not args.run_dir:
         raise ConfigError("inside an MPI world, gyre train needs --run-dir (the launcher sets it)")
-    from gyre_hpc.live.preempt import REQUEST_FILE
+    from gyre_hpc.lifecycle.recovery import REQUEST_FILE
 
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -212,7 +211,7 @@ def _role(cfg: GyreConfig, args: argparse.Namespace, run_dir: Path, transport, c
             print(f"gyre train: rank 0: {out['rank_lost']}; resume state: {out.get('saved') or out.get('error')}",
                   file=sys.stderr, flush=True)
             sys.stdout.flush()
-            os._exit(lost.RANK_LOST_EXIT)  # MPI_Finalize would wait for the rank that is gone
+            os._exit(RANK_LOST_EXIT)  # MPI_Finalize would wait for the rank that is gone
         if out.get("preempted") and not out.get("saved"):
             raise GyreError(f"preempted ({out['preempted']}), but the resume state could not be saved: "
                             f"{out.get('error')}; the last checkpoint is {run_dir / 'checkpoints' / 'latest'}")
@@ -243,7 +242,7 @@ def _teardown(run_dir: Path, preemption):
     teardown unless the script's request comes within the grace. Elsewhere (srun by hand, submitit) None: the
     SIGTERM stays a preemption (``early_preemption``)."""
     from gyre_hpc.live import lost
-    from gyre_hpc.live.preempt import REQUEST_FILE
+    from gyre_hpc.lifecycle.recovery import REQUEST_FILE
 
     if os.environ.get(LAUNCHED_ENV):
         return lost.Teardown().install()

@@ -48,6 +48,7 @@ from gyre_hpc.allocator.types import Role
 from gyre_hpc.config import GyreConfig, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
 from gyre_hpc.io import atomic_write_json, atomic_write_text
+from gyre_hpc.lifecycle.recovery import StopKind, StopReason
 from gyre_hpc.live import dataloss, lost, periodic, preempt
 from gyre_hpc.live.hub import Hub
 from gyre_hpc.live.rollouts import Rollouts
@@ -72,18 +73,25 @@ class LiveServer(AllocatorServer):
         self.step_applied = False
 
     def stop_reason(self) -> str | None:
+        """The allocator loop's stop reason as text (the base class writes it to events and Shutdown orders)."""
+        stop = self.stop()
+        return None if stop is None else str(stop)
+
+    def stop(self) -> StopReason | None:
+        """Why the loop stops now (typed), or None."""
         if self.teardown.requested:  # a rank is gone: nothing else matters now
             return self.teardown.reason()
         reason = super().stop_reason()
         if reason is None and self.lost_groups is not None and self.lost_groups.error is not None:
-            return f"error: {self.lost_groups.error}"
-        if reason is None:
-            self.preemption.poll()  # the launcher's request file (runtime.preempt.REQUEST_FILE)
-        if reason is not None or not self.preemption.requested:
-            return reason
+            return StopReason(StopKind.DATA_LOSS, self.lost_groups.error)
+        if reason is not None:
+            return StopReason(StopKind.DONE, reason)
+        self.preemption.poll()  # the launcher's request file (lifecycle.recovery.REQUEST_FILE)
+        if not self.preemption.requested:
+            return None
         self.hub.freeze()  # the core can finish the step already out, and no other
         quiet = self.started and not self.hub.step_pending
-        return f"preempted: {self.preemption.signal}" if quiet or self.preemption.overdue else None
+        return StopReason(StopKind.PREEMPTED, self.preemption.signal) if quiet or self.preemption.overdue else None
 
     def _decide(self, now: float) -> None:
         if not self.preemption.requested:
@@ -116,8 +124,8 @@ class LiveServer(AllocatorServer):
         return self.teardown.requested  # mpirun is ending every rank: no Bye will come
 
     def shutdown(self, reason: str) -> dict:
-        self.before_shutdown(reason)
-        if not reason.startswith(lost.REASON):
+        self.before_shutdown(StopReason.parse(reason))
+        if StopReason.parse(reason).kind is not StopKind.RANK_LOST:
             return super().shutdown(reason)
         # the job is being torn down: no message to ranks that may be gone, no Byes to wait for
         summary = {"reason": reason, "steps_done": self.state.steps_done, "version": self.state.version,
@@ -210,18 +218,18 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
         if preemption.requested:
             rollouts.close()
 
-        def before_shutdown(reason: str) -> None:
-            if reason.startswith(lost.REASON):  # mpirun kills rank 0 KILL_AFTER_S from now: save first, only
+        def before_shutdown(reason: StopReason) -> None:
+            if reason.kind is StopKind.RANK_LOST:  # mpirun kills rank 0 KILL_AFTER_S from now: save first, only
                 _save_lost(run_dir, server, hub, rollouts, steps, carry, end, clock.now() - t0)
                 return
             with ProxyClient(proxy.url, timeout=30.0) as pc:
                 try:
                     end["proxy"] = preempt.add_proxy(carry.get("proxy", {}), pc.stats())
                 except GyreError:  # under SLURM the preemption signal may have reached the proxy too
-                    if not reason.startswith("preempted"):
+                    if reason.kind is not StopKind.PREEMPTED:
                         raise
                     end["proxy"] = carry.get("proxy", {})
-            if reason.startswith("preempted"):
+            if reason.kind is StopKind.PREEMPTED:
                 _save_resume(run_dir, server, hub, rollouts, steps, {**carry, "proxy": end["proxy"]}, policy,
                              preemption, end, clock.now() - t0)
             end["groups_cut"] = rollouts.stop()
@@ -249,13 +257,14 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
     finally:
         if proxy is not None:
             proxy.stop()
-    if tracker is not None and stop["reason"].startswith(("preempted", lost.REASON)):  # else: after the summary
+    reason = StopReason.parse(stop["reason"])
+    if tracker is not None and reason.saves_resume:  # else: after the summary
         tracker.kept(None)  # every step rank 0 holds is in the resume state it saved
         _close_tracker(run_dir, cfg.allocator.events_file, transport, tracker, finished=False)
-    if stop["reason"].startswith(lost.REASON):
+    if reason.kind is StopKind.RANK_LOST:
         return {"rank_lost": stop["reason"], "saved": end.get("lost_saved"), "error": end.get("lost_error"),
                 "steps_done": stop["steps_done"], "run_dir": str(run_dir)}
-    if stop["reason"].startswith("preempted"):
+    if reason.kind is StopKind.PREEMPTED:
         return {"preempted": stop["reason"], "saved": "saved" in end, "error": end.get("preempt_error"),
                 "steps_done": stop["steps_done"], "run_dir": str(run_dir)}
     summary = _summary(cfg, run_dir, stop, steps, rollouts, end, carry, clock.now() - t0)
@@ -355,7 +364,7 @@ def _save_resume(run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollou
         server.log.write({"event": "preempt_failed", "error": str(exc)})
         return
     end["saved"] = True
-    (run_dir / preempt.REQUEST_FILE).unlink(missing_ok=True)  # served: a resumed run must not stop at once
+    (run_dir / recovery.REQUEST_FILE).unlink(missing_ok=True)  # served: a resumed run must not stop at once
     server.log.write({"event": "preempted", "signal": preemption.signal, "version": state["version"],
                       "steps_done": st.steps_done, "buffer": [g["gid"] for g in state["buffer"]],
                       "trained_batches": st.trained_batches, "lag_sum": st.lag_sum, "window": policy.window(st),
@@ -431,7 +440,7 @@ def _summary(cfg: GyreConfig, run_dir: Path, stop: dict, steps: list[dict], roll
         "workers": sum(max(c.get("workers_trained", 0), c.get("workers_served", 0)) for c in cells),  # that worked
         "parallel": next((s["parallel"] for s in reversed(steps) if s.get("parallel")), None),  # the last step's
         "build_errors": rollouts.errors, "stop": stop, "run_dir": str(run_dir),
-        **({"error": stop["reason"][len("error: "):]} if stop["reason"].startswith("error: data loss") else {}),
+        **({"error": reason.detail} if (reason := StopReason.parse(stop["reason"])).kind is StopKind.DATA_LOSS else {}),
     }
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from gyre_hpc.config import load_config
 from gyre_hpc.errors import GyreError, LayoutError
-from gyre_hpc.lifecycle.resume import PREEMPTED_EXIT
+from gyre_hpc.lifecycle.recovery import PREEMPTED_EXIT
 
 @dataclass(frozen=True)
 class Preempted:

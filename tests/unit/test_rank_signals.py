@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gyre_hpc.lifecycle import rank_signals
 from gyre_hpc.errors import ConfigError
-from gyre_hpc.slurm.submit_requeue import requeue_countdown
+from gyre_hpc.lifecycle import rank_signals
+from gyre_hpc.lifecycle.recovery import requeue_countdown
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBMITIT = {"SUBMITIT_EXECUTOR": "slurm"}
