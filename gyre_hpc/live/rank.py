@@ -40,7 +40,7 @@ import yaml
 
 from gyre_hpc.config import GyreConfig, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
-from gyre_hpc.lifecycle.recovery import PREEMPTED_EXIT, RANK_LOST_EXIT, SBATCH_ENV
+from gyre_hpc.lifecycle.recovery import PREEMPTED_EXIT, SBATCH_ENV, OutcomeKind
 from gyre_hpc.live.launch import LAUNCHED_ENV
 
 
@@ -203,22 +203,21 @@ def record_error(run_dir: Path, rank: int | str, exc: BaseException) -> None:
 
 def _role(cfg: GyreConfig, args: argparse.Namespace, run_dir: Path, transport, comm, preemption, worlds) -> int:
     if transport.rank == 0:
-        from gyre_hpc.live import lost
         from gyre_hpc.live.root import run_root
 
         out = run_root(cfg, run_dir, transport, comm, preemption, _teardown(run_dir, preemption))
-        if out.get("rank_lost"):
-            print(f"gyre train: rank 0: {out['rank_lost']}; resume state: {out.get('saved') or out.get('error')}",
+        if out.kind is OutcomeKind.RANK_LOST:
+            print(f"gyre train: rank 0: {out.reason}; resume state: {out.resume or out.error}",
                   file=sys.stderr, flush=True)
             sys.stdout.flush()
-            os._exit(RANK_LOST_EXIT)  # MPI_Finalize would wait for the rank that is gone
-        if out.get("preempted") and not out.get("saved"):
-            raise GyreError(f"preempted ({out['preempted']}), but the resume state could not be saved: "
-                            f"{out.get('error')}; the last checkpoint is {run_dir / 'checkpoints' / 'latest'}")
-        preempted = bool(out.get("preempted"))
+            os._exit(out.exit)  # MPI_Finalize would wait for the rank that is gone
+        if out.kind is OutcomeKind.PREEMPTED and out.resume is None:
+            raise GyreError(f"preempted ({out.reason}), but the resume state could not be saved: "
+                            f"{out.error}; the last checkpoint is {run_dir / 'checkpoints' / 'latest'}")
+        preempted = out.kind is OutcomeKind.PREEMPTED
         if not preempted:
-            print_summary(out, args.json)  # the job's output ends with the summary
-        if out.get("error"):  # stopped in order, but failed (data loss): the step fails
+            print_summary(dict(out.summary or {}), args.json)  # the job's output ends with the summary
+        if out.failed:  # stopped in order, but failed (data loss): the step fails
             return 1
     else:
         from gyre_hpc.live.cell_runner import CellRunner
