@@ -105,7 +105,7 @@ class CoreTrainer(_Side):
         self.publish()
 
     def _restore(self) -> dict | None:
-        from gyre_hpc import resume
+        from gyre_hpc.lifecycle import resume
         from gyre_hpc.engines.weights import weights_checksum
 
         if not resume.exists(self.run_dir) or not resume.has_checkpoint(self.run_dir):

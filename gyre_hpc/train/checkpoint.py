@@ -134,7 +134,7 @@ def layout_of(path: str | Path) -> tuple[int, int, bool]:
 
 def rank_files(path: str | Path, rank: int) -> list[Path]:
     """The files of rank ``rank`` in the checkpoint directory ``path`` (what a resume needs of it)."""
-    from gyre_hpc.resume import RANK_FILES
+    from gyre_hpc.lifecycle.resume import RANK_FILES
 
     return [Path(path) / f.format(rank=rank) for f in RANK_FILES]
 
