@@ -69,10 +69,7 @@ def load(path: str | Path) -> tuple[dict, dict]:
     """This rank's state and the checkpoint's meta; a missing or mismatched checkpoint is a ``CheckpointError``."""
     path = Path(path)
     rank, world = _rank_world()
-    meta_file = path / "meta.json"
-    if not meta_file.is_file():
-        raise CheckpointError(f"{path}: not a checkpoint directory (no meta.json)")
-    meta = json.loads(meta_file.read_text())
+    meta = read_meta(path)
     if meta.get("world_size") != world:
         raise CheckpointError(f"{path}: saved by {meta.get('world_size')} ranks, loading with {world}")
     return _read_rank(path, rank), meta
@@ -122,12 +119,26 @@ def load_resharded(path: str | Path, model: torch.nn.Module, swiglu: bool) -> di
             "model": {**weights, **extra}, "optimizer": {**saved[0]["optimizer"], "state": moments}}
 
 
+def read_meta(path: str | Path) -> dict:
+    """The checkpoint's meta.json; a directory without one is a ``CheckpointError``."""
+    if not (Path(path) / "meta.json").is_file():
+        raise CheckpointError(f"{path}: not a checkpoint directory (no meta.json)")
+    return json.loads((Path(path) / "meta.json").read_text())
+
+
+def check_expert_parallel(path: str | Path, ep: int) -> None:
+    """A checkpoint resumes under the expert-parallel size that wrote it (its rank files hold that rank's experts):
+    another is a ``CheckpointError`` naming both."""
+    saved = read_meta(path).get("expert_parallel", 1)
+    if saved != ep:
+        raise CheckpointError(f"{path}: written under train.expert_parallel={saved}, resumed under {ep}: resume "
+                              f"with train.expert_parallel={saved}")
+
+
 def layout_of(path: str | Path) -> tuple[int, int, bool]:
     """(world size, tensor-parallel size, optimizer moments sharded over the replicas) a checkpoint was written
     with."""
-    if not (Path(path) / "meta.json").is_file():
-        raise CheckpointError(f"{path}: not a checkpoint directory (no meta.json)")
-    meta = json.loads((Path(path) / "meta.json").read_text())
+    meta = read_meta(path)
     return (int(meta.get("world_size", 1)), int(meta.get("tensor_parallel", 1)),
             bool(meta.get("distributed_optimizer", False)))
 

@@ -194,22 +194,8 @@ def global_shapes(local: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...
     if size == 1 or not held:
         return dict(local)
     per = max(held) + 1
-    return {global_name(n, r, per): shape for n, shape in local.items() for r in (range(size) if is_expert(n) else (0,))}
-
-
-def check_checkpoint(path) -> None:
-    """A checkpoint resumes under the expert-parallel size that wrote it (its rank files hold that rank's experts):
-    another is a ``CheckpointError`` naming both."""
-    import json
-    from pathlib import Path
-
-    from gyre_hpc.errors import CheckpointError
-
-    meta = Path(path) / "meta.json"
-    saved = json.loads(meta.read_text()).get("expert_parallel", 1) if meta.is_file() else 1
-    if saved != ep_rank_size()[1]:
-        raise CheckpointError(f"{path}: written under train.expert_parallel={saved}, resumed under "
-                              f"{ep_rank_size()[1]}: resume with train.expert_parallel={saved}")
+    return {global_name(n, r, per): shape for n, shape in local.items()
+            for r in (range(size) if is_expert(n) else (0,))}
 
 
 def unreplicate_expert_grads(model: torch.nn.Module) -> None:

@@ -346,7 +346,7 @@ class Trainer:
 
         world = dist.get_world_size() if dist.is_initialized() else 1
         here = (world, ps.get_tensor_model_parallel_world_size(), self.sharded is not None)
-        moe.check_checkpoint(path)
+        checkpoint.check_expert_parallel(path, moe.ep_rank_size()[1])
         if checkpoint.layout_of(path) != here:  # another layout, or moments sharded one way and read the other
             self.load_state_dict(checkpoint.load_resharded(path, self.model, self.model_cfg.swiglu))
             return

@@ -50,7 +50,8 @@ def test_a_wrong_expert_order_is_caught(moe_dir, monkeypatch):
     assert diff > 1e-3
 
 
-def run_one_step(rank_world: tuple[int, int], port: int, path: str, queue) -> None:
+def ep_trainer(rank_world: tuple[int, int], port: int, path: str):
+    """A trainer of the MoE model at ``path`` on this rank of an expert-parallel world of ``world`` ranks."""
     rank, world = rank_world
     torch.set_num_threads(1)
     from gyre_hpc.config import ModelConfig, TrainConfig
@@ -60,6 +61,12 @@ def run_one_step(rank_world: tuple[int, int], port: int, path: str, queue) -> No
     if world > 1:
         init_parallel(world_size=world, rank=rank, expert_parallel=world, master_port=port)
     trainer = Trainer(ModelConfig(hf_path=path), TrainConfig(lr=1e-2, expert_parallel=world), seed=0)
+    return trainer
+
+
+def run_one_step(rank_world: tuple[int, int], port: int, path: str, queue) -> None:
+    rank, world = rank_world
+    trainer = ep_trainer(rank_world, port, path)
     held = sum(1 for n, _ in trainer.model.named_parameters() if "local_experts" in n)
     tree, _ = fork_pair(GROUPS, seed=1, vocab=300)
     initial = trainer.export_weights()
@@ -103,14 +110,7 @@ def run_cell_step(rank_world: tuple[int, int], port: int, path: str, queue) -> N
     """The core cell's step (live/training_side.CoreTrainer) on an expert-parallel cell: whole-model gradients out
     (``group_grads_full``), one update from them (``apply_grads``), whole-model weights back in (``load_weights``)."""
     rank, world = rank_world
-    torch.set_num_threads(1)
-    from gyre_hpc.config import ModelConfig, TrainConfig
-    from gyre_hpc.train.model import init_parallel
-    from gyre_hpc.train.step import Trainer
-
-    if world > 1:
-        init_parallel(world_size=world, rank=rank, expert_parallel=world, master_port=port)
-    trainer = Trainer(ModelConfig(hf_path=path), TrainConfig(lr=1e-2, expert_parallel=world), seed=0)
+    trainer = ep_trainer(rank_world, port, path)
     tree, _ = fork_pair(GROUPS, seed=1, vocab=300)
     initial = trainer.export_weights()
     _, grads, _ = trainer.group_grads_full(tree)
