@@ -8,7 +8,7 @@ import json
 import pytest
 
 from gyre_hpc.allocator.eventlog import read_events
-from live_run import run_live
+from live_run import AGENT_TIMEOUT, run_live
 from slurm_cluster import mpirun  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow]
@@ -17,7 +17,7 @@ MOE = ["model.experts=4", "model.experts_topk=2", "model.moe_ffn=32", "cluster.w
        "train.expert_parallel=2"]
 OVERRIDES = MOE + [
     "cluster.cells=2", "scheduler.policy=colocate", "scheduler.batch_groups=2", "allocator.steps=2",
-    "scheduler.mu=1", "agent.runs_per_group=2", "agent.turns=[1, 2]", "agent.timeout_s=120", "run.name=moe",
+    "scheduler.mu=1", "agent.runs_per_group=2", "agent.turns=[1, 2]", AGENT_TIMEOUT, "run.name=moe",
     "allocator.hello_timeout_s=300", "proxy.startup_timeout_s=300", "train.epochs=1",
     "proxy.no_engine_wait_s=300",  # colocate trains on every cell: calls wait out engine restarts under load
 ]
