@@ -76,7 +76,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"] and not {"--help", "-h", "--dry-run", "--sync"} & set(argv):
-        from gyre_hpc import early_signals
+        from gyre_hpc.lifecycle import early_signals
 
         early_signals.arm()  # a preemption during the imports below is noted, not fatal (jobs/train.py)
     parser = build_parser(argv)
@@ -98,7 +98,7 @@ def _note_rank_error(args: argparse.Namespace, exc: GyreError) -> None:
     import os
     from pathlib import Path
 
-    from gyre_hpc.preempt_request import SBATCH_ENV
+    from gyre_hpc.lifecycle.recovery import SBATCH_ENV
 
     run_dir, rank = getattr(args, "run_dir", None), os.environ.get("SLURM_PROCID")
     if not run_dir or rank is None or not os.environ.get(SBATCH_ENV) or not Path(run_dir).is_dir():

@@ -279,6 +279,10 @@ class TrainConfig:
         1, "Context-parallel ranks per path. Limit 1: megatron-core's context parallel needs TransformerEngine "
            "attention on CUDA, which this trainer does not wire; a larger value fails at load.")
 
+    distributed_optimizer: bool = param(
+        False, "ZeRO-1: the AdamW moments are sharded over the data-parallel replicas of a training cell (each "
+               "keeps about 1/DP of them and broadcasts the parameters it owns after the step; gyre_hpc/train/zero.py)"
+               ". The weights stay those of the unsharded optimizer, bit for bit; checkpoints resume under either.")
     expert_parallel: int = param(
         1, "Expert-parallel size of the training world (MoE models): model.experts are split over this many "
            "ranks, each fed the same rows (gyre_hpc/train/moe.py); it must divide model.experts. 1 = every rank "
@@ -286,6 +290,9 @@ class TrainConfig:
 
     def check(self) -> None:
         require(self.expert_parallel >= 1, "expert_parallel", f"must be >= 1, got {self.expert_parallel}")
+        require(not (self.distributed_optimizer and self.expert_parallel > 1), "distributed_optimizer",
+                f"true with expert_parallel {self.expert_parallel}: the expert-parallel ranks hold different experts, "
+                f"so their moments are not sharded over them; set one of the two")
         require(self.context_parallel == 1, "context_parallel",
                 f"{self.context_parallel} > the limit 1: context parallel needs megatron-core's TransformerEngine "
                 f"attention on CUDA, not wired in this trainer (long paths: train.recompute, micro_batch_tokens)")

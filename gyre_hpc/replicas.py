@@ -51,16 +51,14 @@ class ReplicaSpec:
 
 
 def tp_refusal(cluster: ClusterConfig, engine: EngineConfig) -> str | None:
-    """Why ``engine.tp`` cannot be served in this geometry (one line, naming the key), or None."""
-    per_node = cluster.workers  # worker processes per node (ClusterConfig)
-    if engine.tp == 1:
-        return None
-    if engine.kind == "local":
-        return (f"engine.tp={engine.tp}: the local engine has no tensor parallelism (one process per replica); "
-                "use engine.tp=1 (more replicas) or engine.kind=sglang on GPUs")
-    if per_node % engine.tp:
-        return (f"engine.tp={engine.tp} must divide the workers of one node ({per_node}, cluster.workers_per_node): "
-                "an engine replica stays inside a node")
+    """Why ``engine.tp`` cannot be served in this geometry (one line, naming the key), or None; the one rule for it
+    (the pre-flight check, ``slurm.layout.geometry_problems``, asks it too)."""
+    if engine.tp > 1 and engine.kind == "local":
+        return (f"engine.tp={engine.tp}: the local engine has no tensor parallelism; use engine.tp 1 (each worker "
+                f"serves its own replica) or engine.kind sglang")
+    if cluster.workers % engine.tp:
+        return (f"engine.tp={engine.tp} does not divide the {cluster.workers} workers per node "
+                f"(cluster.workers_per_node): an engine replica's GPUs are on one node")
     return None
 
 

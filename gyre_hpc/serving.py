@@ -38,10 +38,12 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from gyre_hpc import auth, rank_signals
+from gyre_hpc import auth
 from gyre_hpc.clock import wait_until
 from gyre_hpc.config import HttpConfig
 from gyre_hpc.errors import ConfigError
+from gyre_hpc.lifecycle import rank_signals
+from gyre_hpc.lifecycle.recovery import ORPHAN_EXIT
 
 DISCONNECT_POLL_S = 0.25
 PARENT_POLL_S = 0.5
@@ -52,7 +54,6 @@ PARENT_ENV = "GYRE_PARENT_PID"
 RUN_ROUTES = ("/generate", "/abort_request", "/tito/outcome")
 #: The proxy's OpenAI endpoint: a run key reaches it too, and the route checks the run is its own (``require_run``).
 RUN_PREFIXES = ("/runs/", "/v1/")
-ORPHAN_EXIT = 70
 
 
 async def serve_announced(server: Any, ready_line: str) -> None:

@@ -10,7 +10,7 @@
       └─ prints the summary (summary.json of the run directory) as one JSON object with --json
 
 Preemption: SIGTERM or SIGUSR1 to ``gyre train`` (or to the ranks: srun, scancel) saves the resume state and
-every rank exits with status 75 (``gyre_hpc.resume.PREEMPTED_EXIT``); ``gyre train CONFIG --resume RUN_DIR``
+every rank exits with status 75 (``gyre_hpc.lifecycle.recovery.PREEMPTED_EXIT``); ``gyre train CONFIG --resume RUN_DIR``
 continues the run at the same step, and so does any rank started on a RUN_DIR that holds a resume state (the
 requeued SLURM job). A second SIGTERM, or Ctrl-C, interrupts instead (stacks in RUN_DIR/traces/).
 A cell's rank that dies (exit 69 with rank 0's resume state) does not end the command: it launches the run again
@@ -38,9 +38,8 @@ from gyre_hpc.io import atomic_write_json
 from gyre_hpc.models import run_init
 from gyre_hpc.live.launch import launch, rank_command
 from gyre_hpc.live.rank import check_resume_config, early_preemption, print_summary, run_rank
-from gyre_hpc.live.lost import RANK_LOST_EXIT
-from gyre_hpc.live.supervise import ERROR_EXIT, add_relaunches, saved_newer, supervise
-from gyre_hpc.resume import PREEMPTED_EXIT
+from gyre_hpc.lifecycle.recovery import ERROR_EXIT, PREEMPTED_EXIT, RANK_LOST_EXIT, saved_newer
+from gyre_hpc.live.supervise import add_relaunches, supervise
 from gyre_hpc.rundir import RunDir
 from jobs import add_overrides
 
@@ -105,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         run_dir, cfg = _new_run(cfg)
     if preemption.signal is not None:  # preempted before any rank started: the empty resume state
-        from gyre_hpc import resume
+        from gyre_hpc.lifecycle import resume
 
         if not resume.exists(run_dir):
             resume.save_empty(run_dir)
@@ -197,7 +196,7 @@ def _failed(cfg: GyreConfig, run_dir: Path, code: int, before: int = 0) -> int:
 def _resumable(cfg: GyreConfig, run_dir: Path) -> Path | None:
     """``--resume RUN_DIR``: the run directory, once its resume state and every file it needs have been checked
     (nothing in RUN_DIR is written before that); None when the run had finished (its summary is printed)."""
-    from gyre_hpc import resume
+    from gyre_hpc.lifecycle import resume
 
     if not resume.exists(run_dir) and (run_dir / "summary.json").is_file():
         print(f"gyre train: {run_dir} has finished (summary.json, no resume state): nothing to resume",
@@ -218,7 +217,7 @@ def _resumable(cfg: GyreConfig, run_dir: Path) -> Path | None:
 
 
 def _preempted(args: argparse.Namespace, run_dir: Path) -> int:
-    from gyre_hpc import resume
+    from gyre_hpc.lifecycle import resume
 
     state = resume.load(run_dir)  # fails (CheckpointError) if the ranks could not save it
     extra = "".join(f" --set {o}" for o in args.overrides)

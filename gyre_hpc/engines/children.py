@@ -28,7 +28,8 @@ import signal
 import subprocess
 from typing import IO, Mapping, Sequence
 
-from gyre_hpc import auth, listen, rank_signals
+from gyre_hpc import auth, listen
+from gyre_hpc.lifecycle import rank_signals
 
 PR_SET_PDEATHSIG = 1
 PARENT_ENV = "GYRE_PARENT_PID"  # the same name as serving.PARENT_ENV (serving imports FastAPI; this must not)

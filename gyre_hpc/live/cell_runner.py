@@ -57,6 +57,7 @@ from gyre_hpc.clock import wait_until
 from gyre_hpc.config import AllocatorConfig, EngineConfig, ModelConfig, ProxyConfig, TrainConfig, TransferConfig
 from gyre_hpc.errors import GyreError, TransferError
 from gyre_hpc.io import atomic_write_json
+from gyre_hpc.lifecycle.recovery import StopKind, StopReason
 from gyre_hpc.live.preempt import Preemption
 from gyre_hpc.proxy.routing import ProxyError
 from gyre_hpc.replicas import ReplicaSpec
@@ -120,7 +121,7 @@ class CellRunner:
                 order = self.stash.pop(0) if self.stash else self.link.next_order(
                     0.0 if self.role is Role.TRAIN else 0.02)
                 if isinstance(order, Shutdown):
-                    self.preempted = order.reason.startswith("preempted")
+                    self.preempted = StopReason.parse(order.reason).kind is StopKind.PREEMPTED
                     break
                 if isinstance(order, SwitchTo):
                     self._switch(order)
@@ -332,7 +333,7 @@ class CellRunner:
 
     def _carry_stats(self) -> None:
         """A resumed run's cell continues the earlier segments' records (switches, pulls)."""
-        from gyre_hpc import resume
+        from gyre_hpc.lifecycle import resume
 
         path = self.run_dir / "cells" / f"cell{self.cell}.json"
         self.earlier = json.loads(path.read_text()) if resume.exists(self.run_dir) and path.is_file() else {}

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from gyre_hpc.lifecycle.recovery import DATA_LOSS
+
 
 def over_share(lost: int, completed: int, planned: int, max_share: float) -> bool:
     return lost > max_share * max(planned, completed)
@@ -47,7 +49,7 @@ class LostGroups:
                 write({"event": "group_lost", "gid": g["gid"], "runs": g["runs"], "reason": g["lost"]})
         lost = self.lost
         if self.error is None and over_share(lost, len(groups), self.planned, self.max_share):
-            self.error = (f"data loss: {lost} of {len(groups)} groups lost (more than "
+            self.error = (f"{DATA_LOSS}: {lost} of {len(groups)} groups lost (more than "
                           f"allocator.max_lost_group_share={self.max_share:g} of max({self.planned} planned, "
                           f"{len(groups)} completed)); the first: group {_first(groups)}")
             write({"event": "error", "error": self.error})

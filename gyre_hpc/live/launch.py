@@ -58,7 +58,7 @@ def launch(args: argparse.Namespace, world_size: int, run_dir: Path, pending=Non
     auth.write_secret(run_dir, os.environ[auth.ENV])  # to the ranks through the environment only
     env = mpirun_env(interface)
     cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-n", str(world_size)] + rank_command(args, run_dir)
-    from gyre_hpc.live.preempt import REQUEST_FILE
+    from gyre_hpc.lifecycle.recovery import REQUEST_FILE
 
     (run_dir / REQUEST_FILE).unlink(missing_ok=True)  # a request of an earlier segment was served
     shutil.rmtree(run_dir / "errors", ignore_errors=True)  # an earlier segment's (its events.jsonl has them)
@@ -117,7 +117,7 @@ def _forward_preemption(proc: subprocess.Popen, run_dir: Path, pending=None) -> 
     """SIGTERM/SIGUSR1 to ``gyre train`` become RUN_DIR/preempt.request, which rank 0 polls: no rank is
     signalled, so none can die of it while it starts up, and a signal a rank does get is mpirun's teardown.
     ``pending`` notes it too (the supervisor never relaunches a preempted run: live/supervise.py)."""
-    from gyre_hpc.live.preempt import REQUEST_FILE
+    from gyre_hpc.lifecycle.recovery import REQUEST_FILE
 
     def preempt(signum, frame) -> None:
         if pending is not None:

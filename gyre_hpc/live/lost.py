@@ -23,7 +23,7 @@ job fails with 69.
           never arrived; that step is trained again after the resume)
         - the staleness counters of those steps (rebuilt from the step records when the allocator's control
           plane had not applied the last one yet)
-      event ``lost_rank_saved``; rank 0 exits ``RANK_LOST_EXIT`` at once (MPI_Finalize would wait for the dead)
+      event ``lost_rank_saved``; rank 0 exits ``recovery.RANK_LOST_EXIT`` at once (MPI_Finalize would wait for the dead)
     ``gyre train`` appends ``rank_lost`` (with the resume path) and exits 69; ``--resume RUN_DIR`` continues.
 
     srun reports the step's status: 137, the SIGKILLed rank's (measured on the local cluster; rank 0's 69 is in
@@ -33,7 +33,7 @@ job fails with 69.
 Invariants (tests/integration/test_preempt_edges.py::test_sigkill_of_a_rollout_cells_rank_exits_69_with_a_resume_state_that_finishes,
 tests/unit/test_srun_teardown.py,
 tests/integration/test_slurm_live.py::test_a_killed_cell_rank_is_srun_again_in_the_allocation_and_the_job_completes)
-- The saved state passes ``gyre_hpc.resume.load``: its checkpoint holds its version, the step records and the
+- The saved state passes ``gyre_hpc.lifecycle.resume.load``: its checkpoint holds its version, the step records and the
   SchedState counters agree.
 - No buffered group was trained in that checkpoint (the groups of an unfinished step are buffered again).
 - ``SrunTeardown`` decides once: a teardown only after ``REQUEST_GRACE_S`` without a request file and without a
@@ -54,14 +54,13 @@ import shutil
 import signal
 from pathlib import Path
 
-from gyre_hpc import resume
+from gyre_hpc.lifecycle import resume
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.errors import CheckpointError
 from gyre_hpc.io import atomic_dir
+from gyre_hpc.lifecycle.recovery import StopKind, StopReason
 from gyre_hpc.live import preempt
 
-#: exit status of a run that lost a rank (EX_UNAVAILABLE); jobs/train.py uses the same number
-RANK_LOST_EXIT = 69
 #: seconds rank 0 under the sbatch script waits, after a SIGTERM, for the script's RUN_DIR/preempt.request before it
 #: takes the SIGTERM for srun's teardown (a lost rank). SLURM's cancel or preemption signals the batch shell and the
 #: step at about the same time and the shell's trap writes the file at once (a fork of mv), so a preemption is seen
@@ -72,7 +71,6 @@ REQUEST_GRACE_S = 1.0
 #: rank 0 saves in milliseconds (measured 6 ms after the signal), and mpirun outlives its ranks by about this long
 KILL_AFTER_S = 3
 HELD = "applied"
-REASON = "rank_lost"
 
 
 class Teardown:
@@ -99,8 +97,8 @@ class Teardown:
         """Seconds since the signal (0 before it came)."""
         return 0.0 if self.at is None else self.clock.now() - self.at
 
-    def reason(self) -> str:
-        return f"{REASON}: {self.signal} from mpirun (a rank of the job ended)"
+    def reason(self) -> StopReason:
+        return StopReason(StopKind.RANK_LOST, f"{self.signal} from mpirun (a rank of the job ended)")
 
 
 class SrunTeardown(Teardown):
@@ -142,8 +140,8 @@ class SrunTeardown(Teardown):
                 self.decided = True
         return bool(self.decided)
 
-    def reason(self) -> str:
-        return f"{REASON}: {self.signal} from srun (a rank of the step ended)"
+    def reason(self) -> StopReason:
+        return StopReason(StopKind.RANK_LOST, f"{self.signal} from srun (a rank of the step ended)")
 
 
 def held_dir(run_dir: Path) -> Path:

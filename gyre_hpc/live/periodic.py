@@ -24,7 +24,7 @@ Invariants (tests/unit/test_periodic_resume.py)
 - ``due`` is a pure function of (steps done, ``resume_every_steps``, ``allocator.steps``): every
   ``resume_every_steps``-th step, never at the run's last step (the run is finishing: a state of every step done
   could not be resumed, the previous one can) and never when the setting is 0.
-- A saved state passes ``gyre_hpc.resume.load`` (its checkpoint holds its version; counters agree with the step
+- A saved state passes ``gyre_hpc.lifecycle.resume.load`` (its checkpoint holds its version; counters agree with the step
   records) and names each group of the hub's buffer once and each query in flight once; a failed save leaves the
   previous state as it was and raises nothing.
 """
@@ -33,11 +33,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from gyre_hpc import resume
 from gyre_hpc.errors import GyreError
+from gyre_hpc.lifecycle import resume
+from gyre_hpc.lifecycle.recovery import RESUME_SAVED
 from gyre_hpc.live import lost, preempt
 
-EVENT = "resume_saved"
+EVENT = RESUME_SAVED
 FAILED = "resume_save_failed"
 
 

@@ -3,7 +3,7 @@
 ::
 
     SIGTERM / SIGUSR1 on a rank     (srun and scancel signal the step; on submitit's SLURM tasks also the signal
-                                    submitit asks for before the time limit, USR2: gyre_hpc.rank_signals),
+                                    submitit asks for before the time limit, USR2: gyre_hpc.lifecycle.rank_signals),
                                     or RUN_DIR/preempt.request (written by
                                     ``gyre train`` when it gets the signal: rank 0 polls it, no rank is signalled,
                                     so a rank still starting up cannot die of it; the sbatch script writes it too,
@@ -11,7 +11,7 @@
                                     teardown, live/lost.py ``SrunTeardown``)
       rank 0:  Rollouts.close (no group starts or becomes ready) · Hub.freeze (no group goes out) · no more
                decisions · wait until no step is pending and the allocator applied the core's last step
-               · write RUN_DIR/resume (gyre_hpc.resume) · event ``preempted`` · Shutdown("preempted: SIG") to the cells
+               · write RUN_DIR/resume (gyre_hpc.lifecycle.resume) · event ``preempted`` · Shutdown("preempted: SIG") to the cells
       cells:   note the signal, keep going until rank 0's Shutdown (the core never starts a step it cannot finish:
                it steps only on a whole batch, and none goes out after the freeze)
       every rank exits with PREEMPTED_EXIT; ``gyre train`` prints how to resume, sbatch requeues the job
@@ -36,7 +36,7 @@ Once its role has ended (run_root returned, the cell said Bye) a rank ignores bo
 
 Engines and the proxy ignore SIGUSR1 (and submitit's time-limit signal on its tasks) (``serving.serve_announced``):
 under SLURM a signal to the step reaches every process of it. ``kill -USR2 PID`` dumps a rank's stacks
-(``live/rank.py``; ``kill -QUIT PID`` on submitit's tasks, where USR2 is the time limit: gyre_hpc.rank_signals).
+(``live/rank.py``; ``kill -QUIT PID`` on submitit's tasks, where USR2 is the time limit: gyre_hpc.lifecycle.rank_signals).
 
 Invariants (tests/integration/test_preempt_resume.py)
 - The resume state is consistent: the checkpoint, the version, the step records and the SchedState counters
@@ -52,15 +52,12 @@ import signal
 from pathlib import Path
 from typing import Callable
 
-from gyre_hpc import preempt_request, rank_signals, resume
-from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.allocator.batches import FixedBatches
+from gyre_hpc.clock import Clock, WallClock
+from gyre_hpc.lifecycle import rank_signals, resume
 
-#: the preemption signals of every path; submitit's SLURM tasks add the time-limit signal (gyre_hpc.rank_signals)
+#: the preemption signals of every path; submitit's SLURM tasks add the time-limit signal (gyre_hpc.lifecycle.rank_signals)
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-#: the file ``gyre train`` (or the sbatch script) writes into RUN_DIR when it is preempted (its content: the
-#: signal's name); its one home is gyre_hpc.preempt_request
-REQUEST_FILE = preempt_request.REQUEST_FILE
 POLL_S = 0.25
 #: seconds rank 0 waits for the step already out (its gradients, the optimizer, the STEPPED record)
 PENDING_STEP_TIMEOUT_S = 120.0
@@ -75,7 +72,7 @@ class Preemption:
         self.at: float | None = None  # on ``clock`` (WallClock.now is safe inside a signal handler)
         self.on_signal = on_signal
         self.clock = clock or WallClock()
-        #: the signals ``install`` catches and ``ignore`` ignores: this process's (gyre_hpc.rank_signals)
+        #: the signals ``install`` catches and ``ignore`` ignores: this process's (gyre_hpc.lifecycle.rank_signals)
         self.signals = signals if signals is not None else rank_signals.current().nums(rank_signals.current().preempt)
 
     def install(self) -> "Preemption":
@@ -128,7 +125,7 @@ class Preemption:
 
 
 def snapshot(server, hub, rollouts, steps: list[dict], carry: dict, wall_s: float) -> dict:
-    """Rank 0's resume state (gyre_hpc.resume) at a quiet point: no step pending, no group going out."""
+    """Rank 0's resume state (gyre_hpc.lifecycle.resume) at a quiet point: no step pending, no group going out."""
     held = rollouts.batches.holding() if rollouts.batches else []
     stamped = [(g, int(g.ready_version), False) for g in hub.buffer()]  # the hub stamped these on intake
     stamped += [(g, max(hub.version, *g.gen_versions, 0), True) for g in held]  # what its intake would stamp now

@@ -17,14 +17,14 @@ Invariants
   for srun's teardown after a lost rank (exit 69, ``lost_rank_saved``) unless the script's request file comes
   within ``lost.REQUEST_GRACE_S`` (``lost.SrunTeardown``); SIGUSR1 stays a preemption. Ranks srun started without
   the script (by hand, submitit) take both signals for a preemption; submitit's tasks also the signal submitit
-  asks SLURM for before the time limit (USR2; their stack dump moves to SIGQUIT: ``gyre_hpc.rank_signals``).
+  asks SLURM for before the time limit (USR2; their stack dump moves to SIGQUIT: ``gyre_hpc.lifecycle.rank_signals``).
 - Everything a rank checks (run directory, resume config, resume files) is checked before MPI starts, alike on
   every rank, so a bad start fails every rank the same way instead of hanging a collective.
 - The config a rank runs with is resolved once (``_shared_initial_model``: the run's initial model, RUN_DIR/model/init,
   once it exists on every rank) and handed down as it is; rank 0 writes it to RUN_DIR/config.yaml only when no one
   did (``gyre_hpc.rundir.RunDir.keep_config``: srun's ranks of a plain sbatch script) and never rewrites it.
 - A rank that raises ends the whole MPI world (MPI_Abort) after writing RUN_DIR/errors/rankN.txt: no hang.
-- The exit status is 0, or ``gyre_hpc.resume.PREEMPTED_EXIT`` when the run was preempted and its resume state
+- The exit status is 0, or ``gyre_hpc.lifecycle.recovery.PREEMPTED_EXIT`` when the run was preempted and its resume state
   saved; rank 0 prints the summary (``print_summary``) unless preempted.
 - The placement of a rank inside a SLURM step is checked by the caller (jobs/train.py, slurm/submit_tasks.py):
   this package never imports ``gyre_hpc.slurm``.
@@ -41,9 +41,8 @@ from pathlib import Path
 
 from gyre_hpc.config import GyreConfig, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
+from gyre_hpc.lifecycle.recovery import PREEMPTED_EXIT, SBATCH_ENV, OutcomeKind
 from gyre_hpc.live.launch import LAUNCHED_ENV
-from gyre_hpc.preempt_request import SBATCH_ENV
-from gyre_hpc.resume import PREEMPTED_EXIT
 from gyre_hpc.rundir import RunDir
 
 
@@ -52,7 +51,7 @@ def early_preemption(rank: bool):
     notes them (live.preempt.Preemption); a rank ``gyre train`` launched leaves them their default action
     (its preemption comes as RUN_DIR/preempt.request; a signal there is mpirun ending the job); the launcher
     notes one that comes before mpirun starts (``launch`` then forwards the later ones)."""
-    from gyre_hpc import early_signals
+    from gyre_hpc.lifecycle import early_signals
     from gyre_hpc.live.preempt import SIGNALS, Preemption
 
     if rank and os.environ.get(LAUNCHED_ENV):
@@ -70,8 +69,8 @@ def early_preemption(rank: bool):
 
 def check_resume_config(cfg: GyreConfig, run_dir: Path) -> None:
     """A resume continues the run in ``run_dir``: its config may differ from RUN_DIR/config.yaml only in the keys
-    ``gyre_hpc.resume.may_change`` allows (steps, run directory name, timeouts, retries, slurm.*)."""
-    from gyre_hpc import resume
+    ``gyre_hpc.lifecycle.resume.may_change`` allows (steps, run directory name, timeouts, retries, slurm.*)."""
+    from gyre_hpc.lifecycle import resume
 
     saved = RunDir(run_dir).saved_config() if resume.exists(run_dir) else None
     if saved is None:
@@ -92,11 +91,11 @@ def run_rank(cfg: GyreConfig, args: argparse.Namespace, preemption=None) -> int:
         preemption = early_preemption(rank=True)
     if not args.run_dir:
         raise ConfigError("inside an MPI world, gyre train needs --run-dir (the launcher sets it)")
-    from gyre_hpc.live.preempt import REQUEST_FILE
+    from gyre_hpc.lifecycle.recovery import REQUEST_FILE
 
     rundir = RunDir.at(args.run_dir)
     run_dir = rundir.path
-    from gyre_hpc import resume
+    from gyre_hpc.lifecycle import resume
     from gyre_hpc.models import run_init
 
     if os.environ.get(LAUNCHED_ENV) or os.environ.get(SBATCH_ENV):  # a launcher writes the request file
@@ -159,7 +158,7 @@ def _shared_initial_model(cfg: GyreConfig, run_dir: Path, comm, rank: int):
 def _check_resume_files(run_dir: Path) -> None:
     """A rank started on a RUN_DIR with a resume state (the requeued SLURM job): every file it needs is there,
     checked before MPI starts (a ``CheckpointError`` naming the first one missing, alike on every rank)."""
-    from gyre_hpc import resume
+    from gyre_hpc.lifecycle import resume
 
     if resume.exists(run_dir):
         resume.check_files(run_dir, resume.load(run_dir))
@@ -210,22 +209,21 @@ def record_error(run_dir: Path, rank: int | str, exc: BaseException) -> None:
 
 def _role(cfg: GyreConfig, args: argparse.Namespace, run_dir: Path, transport, comm, preemption, worlds) -> int:
     if transport.rank == 0:
-        from gyre_hpc.live import lost
         from gyre_hpc.live.root import run_root
 
         out = run_root(cfg, run_dir, transport, comm, preemption, _teardown(run_dir, preemption))
-        if out.get("rank_lost"):
-            print(f"gyre train: rank 0: {out['rank_lost']}; resume state: {out.get('saved') or out.get('error')}",
+        if out.kind is OutcomeKind.RANK_LOST:
+            print(f"gyre train: rank 0: {out.reason}; resume state: {out.resume or out.error}",
                   file=sys.stderr, flush=True)
             sys.stdout.flush()
-            os._exit(lost.RANK_LOST_EXIT)  # MPI_Finalize would wait for the rank that is gone
-        if out.get("preempted") and not out.get("saved"):
-            raise GyreError(f"preempted ({out['preempted']}), but the resume state could not be saved: "
-                            f"{out.get('error')}; the last checkpoint is {run_dir / 'checkpoints' / 'latest'}")
-        preempted = bool(out.get("preempted"))
+            os._exit(out.exit)  # MPI_Finalize would wait for the rank that is gone
+        if out.kind is OutcomeKind.PREEMPTED and out.resume is None:
+            raise GyreError(f"preempted ({out.reason}), but the resume state could not be saved: "
+                            f"{out.error}; the last checkpoint is {run_dir / 'checkpoints' / 'latest'}")
+        preempted = out.kind is OutcomeKind.PREEMPTED
         if not preempted:
-            print_summary(out, args.json)  # the job's output ends with the summary
-        if out.get("error"):  # stopped in order, but failed (data loss): the step fails
+            print_summary(dict(out.summary or {}), args.json)  # the job's output ends with the summary
+        if out.failed:  # stopped in order, but failed (data loss): the step fails
             return 1
     else:
         from gyre_hpc.live.cell_runner import CellRunner
@@ -249,7 +247,7 @@ def _teardown(run_dir: Path, preemption):
     teardown unless the script's request comes within the grace. Elsewhere (srun by hand, submitit) None: the
     SIGTERM stays a preemption (``early_preemption``)."""
     from gyre_hpc.live import lost
-    from gyre_hpc.live.preempt import REQUEST_FILE
+    from gyre_hpc.lifecycle.recovery import REQUEST_FILE
 
     if os.environ.get(LAUNCHED_ENV):
         return lost.Teardown().install()
@@ -262,11 +260,11 @@ def _traceback_on_signal(path: Path) -> None:
     """``kill -USR2 PID`` makes a rank append every thread's stack to ``path``: how to see where a hung rank is.
     ``gyre train`` signals every rank when it is interrupted (Ctrl-C, a second SIGTERM, a test's timeout).
     (SIGUSR1 is the preemption signal: live/preempt.py.) On submitit's SLURM tasks USR2 is the time-limit
-    preemption and the dump is ``kill -QUIT PID`` (``gyre_hpc.rank_signals``, decided once per process)."""
+    preemption and the dump is ``kill -QUIT PID`` (``gyre_hpc.lifecycle.rank_signals``, decided once per process)."""
     import faulthandler
     import signal
 
-    from gyre_hpc import rank_signals
+    from gyre_hpc.lifecycle import rank_signals
 
     path.parent.mkdir(parents=True, exist_ok=True)
     dump = signal.Signals[rank_signals.current().dump]

@@ -68,13 +68,14 @@ class Rollouts:
     def __init__(self, run_dir: Path, proxy_url: str, offer: Callable[[dp.Group], None],
                  fixed_batches: bool = False, clock: Clock | None = None, *, agent: AgentConfig, grader: GraderConfig,
                  model: ModelConfig, engine: EngineConfig, trajectory: TrajectoryConfig, seed: int, cells: int,
-                 batch_groups: int):
-        """``cells``: ``cluster.cells``; ``batch_groups``: ``scheduler.batch_groups`` (the fixed batches' size)."""
+                 batch_groups: int, post: Callable | None = None):
+        """``cells``: ``cluster.cells``; ``batch_groups``: ``scheduler.batch_groups`` (the fixed batches' size);
+        ``post``: where GroupsReady and RunsChanged go (the allocator loop's ``post``; none: dropped)."""
         self.run_dir, self.proxy_url, self.offer = Path(run_dir), proxy_url, offer
         self.agent, self.vocab_size, self.trajectory, self.cells = agent, model.vocab_size, trajectory, cells
         self.clock = clock or WallClock()  # groups' admit/ready stamps (wall(): compared with TITO call times)
         self.batches = FixedBatches[dp.Group](batch_groups) if fixed_batches else None
-        self.post: Callable = lambda msg: None
+        self.post: Callable = post or (lambda msg: None)
         self.harness = Harness(agent, proxy_url, self.run_dir / "tito" / "runs", vocab_size=model.vocab_size,
                                seed=seed, proxy=True, context_len=engine.context_len,
                                request_timeout_s=engine.request_timeout_s, clock=self.clock) \

@@ -19,8 +19,34 @@
     every run.resume_every_steps steps (live/periodic.py): RUN_DIR/resume at the step just applied (event
                ``resume_saved``), so a run whose rank 0 dies is relaunched from it
 
-Invariants (tests/integration/test_live_training.py)
+Rank 0's run is a ``RootRun`` driven through four phases by ``run_root``; each phase's objects are named fields, set
+once, in this order, and the hub, the harness and the server call back into the run through its methods (the
+callback interface below), never through closures over names assigned later::
+
+    RootRun(cfg, run_dir, transport, comm, ...)   loads RUN_DIR/resume (if any), opens the tracker
+      start_proxy()   proxy (subprocess) ─▶ its URL broadcast to the cells; the policy; the event log
+      wire()          hub, rollouts, server; a resume state restored into them; the data-loss watch
+      run()           LiveServer.run() until its stop reason (a StopReason)
+      finish(stop)    an Outcome: FINISHED (summary.json, report, tracker), PREEMPTED or RANK_LOST (resume state)
+    a failure in start_proxy, wire or run: ``fail`` (a resume state if quiet, one ``error`` event, the tracker
+    closed), then the proxy stops and the exception goes on; a failure in finish goes on as it is
+
+    who calls back        RootRun method        what it does
+    Hub                   role_of(c)            the allocator's role of cell c
+                          on_step(rec)          the core's step: allocator, events, metrics, tracker, periodic save
+                          burst_open()          the policy's burst window (batches.burst_open)
+                          write_event(rec)      the run's event log
+    Rollouts              post(msg)             GroupsReady / RunsChanged to the allocator loop
+    LiveServer            progress()            one progress line (and the tracker's roles)
+                          engines_ready()       every ROLLOUT cell's engine serves
+                          before_shutdown(r)    save the resume state (preempted, rank lost), cut the runs
+
+Invariants (tests/integration/test_live_training.py, tests/unit/test_root_run.py)
 - Every decision comes from the same policy object the simulator drives (``make_policy``).
+- ``run_root`` returns one type, a ``lifecycle.recovery.Outcome`` (its kind, the stop reason, the resume state
+  saved or why not, the summary of a finished run); a callback used before ``wire`` set its object is a
+  ``GyreError``, never an AttributeError on None (the harness's ``post`` excepted: dropped until the server exists,
+  as its monitor may report first).
 - A step is reported once, by the core's STEPPED on the data plane: ``LiveServer.apply_step`` applies it to the
   allocator's state in the pass the hub takes it, so the allocator's version always equals the hub's.
 - Every optimizer step is in the event log (``train_step``: version, groups, staleness, reward) and in
@@ -29,29 +55,32 @@ Invariants (tests/integration/test_live_training.py)
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
-from gyre_hpc import resume
 from gyre_hpc.allocator import batches
-from gyre_hpc.allocator.eventlog import EventLog, read_events
-from gyre_hpc.allocator.roles import role_share
-from gyre_hpc.allocator.messages import TrainProgress
+from gyre_hpc.allocator.eventlog import EventLog
+from gyre_hpc.allocator.messages import Event, TrainProgress
 from gyre_hpc.allocator.policies import make_policy
 from gyre_hpc.allocator.server import AllocatorServer
 from gyre_hpc.allocator.sim.replay import live_prediction
 from gyre_hpc.allocator.types import Role
 from gyre_hpc.config import GyreConfig, to_dict
-from gyre_hpc.errors import ConfigError, GyreError
-from gyre_hpc.io import atomic_write_json, atomic_write_text
+from gyre_hpc.errors import GyreError
+from gyre_hpc.io import atomic_write_json
+from gyre_hpc.lifecycle import resume
+from gyre_hpc.lifecycle.recovery import Outcome, OutcomeKind, StopKind, StopReason
 from gyre_hpc.live import dataloss, lost, periodic, preempt
+from gyre_hpc.live import root_files as files
 from gyre_hpc.live.hub import Hub
 from gyre_hpc.live.rollouts import Rollouts
 from gyre_hpc.tracking import live as tracking
 from gyre_hpc.tracking.plan import flat_params
-from gyre_hpc.train import agreement
 
 PROGRESS_EVERY_S = 5.0
 
@@ -70,18 +99,25 @@ class LiveServer(AllocatorServer):
         self.step_applied = False
 
     def stop_reason(self) -> str | None:
+        """The allocator loop's stop reason as text (the base class writes it to events and Shutdown orders)."""
+        stop = self.stop()
+        return None if stop is None else str(stop)
+
+    def stop(self) -> StopReason | None:
+        """Why the loop stops now (typed), or None."""
         if self.teardown.requested:  # a rank is gone: nothing else matters now
             return self.teardown.reason()
         reason = super().stop_reason()
         if reason is None and self.lost_groups is not None and self.lost_groups.error is not None:
-            return f"error: {self.lost_groups.error}"
-        if reason is None:
-            self.preemption.poll()  # the launcher's request file (runtime.preempt.REQUEST_FILE)
-        if reason is not None or not self.preemption.requested:
-            return reason
+            return StopReason(StopKind.DATA_LOSS, self.lost_groups.error)
+        if reason is not None:
+            return StopReason(StopKind.DONE, reason)
+        self.preemption.poll()  # the launcher's request file (lifecycle.recovery.REQUEST_FILE)
+        if not self.preemption.requested:
+            return None
         self.hub.freeze()  # the core can finish the step already out, and no other
         quiet = self.started and not self.hub.step_pending
-        return f"preempted: {self.preemption.signal}" if quiet or self.preemption.overdue else None
+        return StopReason(StopKind.PREEMPTED, self.preemption.signal) if quiet or self.preemption.overdue else None
 
     def _decide(self, now: float) -> None:
         if not self.preemption.requested:
@@ -114,8 +150,8 @@ class LiveServer(AllocatorServer):
         return self.teardown.requested  # mpirun is ending every rank: no Bye will come
 
     def shutdown(self, reason: str) -> dict:
-        self.before_shutdown(reason)
-        if not reason.startswith(lost.REASON):
+        self.before_shutdown(StopReason.parse(reason))
+        if StopReason.parse(reason).kind is not StopKind.RANK_LOST:
             return super().shutdown(reason)
         # the job is being torn down: no message to ranks that may be gone, no Byes to wait for
         summary = {"reason": reason, "steps_done": self.state.steps_done, "version": self.state.version,
@@ -126,333 +162,243 @@ class LiveServer(AllocatorServer):
         return summary
 
 
-def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
-             preemption: preempt.Preemption | None = None, teardown: lost.Teardown | None = None) -> dict:
-    """Drive the live run from rank 0; returns the summary (also written to summary.json), or
-    ``{"preempted": ...}`` when a preemption signal stopped it with its resume state saved, or
-    ``{"rank_lost": ...}`` when mpirun tore the job down (``teardown``, runtime.lost)."""
+def launch_proxy(pcfg, host: str, log_path: Path, config_dir: Path):
+    """The proxy subprocess on a free port (a port taken before the proxy binds it: another port)."""
     from gyre_hpc.engines.launch import on_free_port
-    from gyre_hpc.proxy.client import ProxyClient
-    from gyre_hpc.proxy.launch import start_proxy
-    import dataclasses
+    from gyre_hpc.proxy.launch import start_proxy as start
 
-    clock = transport.clock  # the rank's one clock: the event log's, the allocator's and the run's wall time
-    t0 = clock.now()
-    preemption = preemption or preempt.Preemption()
-    saved = _load_resume(cfg, run_dir)
-    pcfg = dataclasses.replace(cfg.proxy, event_log=str(run_dir / "proxy-events.jsonl"),
-                               tito_dir=str(run_dir / "tito"))
-    if pcfg.openai.tokenizer is None and cfg.model.hf_path is not None:  # the OpenAI endpoint's chat template
-        pcfg = dataclasses.replace(pcfg, openai=dataclasses.replace(pcfg.openai, tokenizer=cfg.model.hf_path))
-    steps: list[dict] = []
-    end: dict = {}
-    reissue = cfg.allocator.preempt_inflight == "reissue"
-    carry: dict = preempt.inflight_counters(saved, reissue) if saved else {}
-    proxy = None
-    tracker = tracking.for_run(cfg.tracking, run_dir, saved, params=flat_params(to_dict(cfg)),  # rank 0's sink
-                               hold_steps=cfg.run.resume_every_steps > 0, tags={"policy": cfg.scheduler.policy})
-    try:
-        proxy = on_free_port(start_proxy, pcfg, host=cfg.proxy.host, log_path=run_dir / "proxy.log",
-                             config_dir=run_dir)  # a port taken before the proxy binds it: another port
-        comm.bcast(proxy.url, root=0)
-        policy = make_policy(cfg.scheduler.policy, cfg.scheduler, cfg.cluster.cells)
-        log = EventLog(run_dir / cfg.allocator.events_file, transport.clock)
-        tracking.tee(log, tracker)
-        server: LiveServer | None = None
+    return on_free_port(start, pcfg, host=host, log_path=log_path, config_dir=config_dir)
 
-        def on_step(rec: dict) -> None:
-            server.apply_step(rec, rec.pop("progress", {}))  # the step's one report reaches the allocator here
-            steps.append(rec)
-            lost.hold(run_dir, rec["version"])  # the checkpoint a lost rank's resume state uses
-            server.log.write({"event": "train_step", **rec})
-            with open(run_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(rec) + "\n")
-            if tracker is not None:
-                tracker.step(rec, clock.now())
-                if tracking.images_due(cfg.tracking, len(steps), cfg.allocator.steps):  # drawn on its own thread
-                    snap, secs = list(steps), [g["seconds"] for g in rollouts.groups]
-                    tracker.render(lambda: tracking.render_plots(run_dir, cfg.allocator.events_file,
-                                                                 cfg.cluster.cells, snap, secs), rec["step"])
-            if periodic.due(len(steps), cfg.run.resume_every_steps, cfg.allocator.steps):  # rank 0 may die later
-                ev = periodic.save(run_dir, server, hub, rollouts, steps, carry, clock.now() - t0, server.log.write)
-                if tracker is not None and ev.get("event") == "resume_saved":
-                    tracker.kept(rec["step"])
-            progress()
 
-        def progress() -> None:
-            st = server.state
-            roles = {r.value: sum(c.role is r for c in st.cells) for r in Role}
-            if tracker is not None:
-                tracker.observe_roles(clock.now(), roles)
-                tracking.flush_errors(tracker, server.log.write)
-            last = steps[-1] if steps else {}
-            reward = last.get("reward")
-            print(f"[gyre {cfg.scheduler.policy}] step {st.steps_done}/{cfg.allocator.steps} "
-                  f"cells rollout={roles['rollout']} train={roles['train']} "
-                  f"switching={roles['draining'] + roles['loading']} lost={roles['lost']} | "
-                  f"ready {st.ready_groups} inflight {st.inflight_groups} | "
-                  f"staleness {last.get('staleness_mean', 0.0):.2f} = {last.get('staleness_prequeue_mean', 0.0):.2f}"
-                  f" pre + {last.get('staleness_inqueue_mean', 0.0):.2f} queued (max {last.get('staleness_max', 0)}) | "
-                  f"reward {'-' if reward is None else f'{reward:.3f}'} | {clock.now() - t0:.0f}s",
-                  file=sys.stderr, flush=True)
+@dataclass(eq=False)
+class RootRun:
+    """Rank 0's live run (module docstring: its phases and the callbacks the hub, harness and server make)."""
 
-        hub = Hub(comm, cfg.scheduler.batch_groups, policy.streaming, cfg.cluster.cells,
-                  lambda c: server.state.cells[c].role, on_step,
-                  burst_open=lambda: batches.burst_open(policy.mu, server.state.burst_steps),
-                  on_event=lambda rec: server.log.write(rec))
-        rollouts = Rollouts(run_dir, proxy.url, hub.offer, fixed_batches=not policy.streaming, clock=clock,
-                            agent=cfg.agent, grader=cfg.grader, model=cfg.model, engine=cfg.engine,
-                            trajectory=cfg.trajectory, seed=cfg.run.seed, cells=cfg.cluster.cells,
-                            batch_groups=cfg.scheduler.batch_groups)
-        preemption.on_signal = rollouts.close  # from the signal on, no group starts or joins the buffer
-        if preemption.requested:
-            rollouts.close()
+    cfg: GyreConfig
+    run_dir: Path
+    transport: Any  # the control world (MpiTransport); its clock is the run's one clock
+    comm: Any  # the data-plane communicator: the proxy's URL goes out on it, the hub's groups too
+    preemption: preempt.Preemption = field(default_factory=preempt.Preemption)
+    teardown: lost.Teardown | None = None
+    proxy_starter: Callable[..., Any] = launch_proxy  # the boundary to the proxy subprocess
+    # the run's own state, from RUN_DIR/resume when it holds one
+    saved: dict | None = field(init=False, default=None)
+    carry: dict = field(init=False, default_factory=dict)  # counters of the earlier segments
+    steps: list[dict] = field(init=False, default_factory=list)  # every step record, earlier segments' first
+    end: dict = field(init=False, default_factory=dict)  # what the shutdown learned (proxy stats, saves)
+    tracker: Any = field(init=False, default=None)
+    # set by the phases, in order
+    proxy: Any = field(init=False, default=None)  # start_proxy
+    policy: Any = field(init=False, default=None)
+    log: EventLog | None = field(init=False, default=None)
+    hub: Hub | None = field(init=False, default=None)  # wire
+    rollouts: Rollouts | None = field(init=False, default=None)
+    server: LiveServer | None = field(init=False, default=None)
 
-        def before_shutdown(reason: str) -> None:
-            if reason.startswith(lost.REASON):  # mpirun kills rank 0 KILL_AFTER_S from now: save first, only
-                _save_lost(run_dir, server, hub, rollouts, steps, carry, end, clock.now() - t0)
-                return
-            with ProxyClient(proxy.url, timeout=30.0) as pc:
-                try:
-                    end["proxy"] = preempt.add_proxy(carry.get("proxy", {}), pc.stats())
-                except GyreError:  # under SLURM the preemption signal may have reached the proxy too
-                    if not reason.startswith("preempted"):
-                        raise
-                    end["proxy"] = carry.get("proxy", {})
-            if reason.startswith("preempted"):
-                _save_resume(run_dir, server, hub, rollouts, steps, {**carry, "proxy": end["proxy"]}, policy,
-                             preemption, end, clock.now() - t0)
-            end["groups_cut"] = rollouts.stop()
-            server.lost_groups.poll(server.log.write)  # the groups that completed since the last pass
+    def __post_init__(self) -> None:
+        self.clock = self.transport.clock  # the event log's, the allocator's and the run's wall time
+        self.t0 = self.clock.now()
+        self.reissue = self.cfg.allocator.preempt_inflight == "reissue"
+        self.saved = files.load_resume(self.cfg, self.run_dir)
+        self.carry = preempt.inflight_counters(self.saved, self.reissue) if self.saved else {}
+        self.tracker = tracking.for_run(self.cfg.tracking, self.run_dir, self.saved,  # rank 0's sink
+                                        params=flat_params(to_dict(self.cfg)),
+                                        hold_steps=self.cfg.run.resume_every_steps > 0,
+                                        tags={"policy": self.cfg.scheduler.policy})
 
-        server = LiveServer(policy, cfg.allocator, transport, log, admit=rollouts.admit,
-                            runs_per_query=cfg.agent.runs_per_group, hub=hub, before_shutdown=before_shutdown,
-                            progress=progress, preemption=preemption, teardown=teardown,
-                            ready=lambda: rollouts.engines_serve(
-                                [c for c, cs in enumerate(server.state.cells) if cs.role is Role.ROLLOUT]))
-        rollouts.post = server.post
-        if saved:
-            steps.extend(saved["steps"])
-            _restore(saved, run_dir, server, hub, rollouts, policy, reissue)
-        server.lost_groups = dataloss.LostGroups(lambda: rollouts.groups, cfg.allocator.max_lost_group_share,
-                                                 cfg.allocator.steps * cfg.scheduler.batch_groups)
-        stop = server.run()
-    except BaseException as exc:
-        where = _resume_after_error(run_dir, locals().get("server"), locals().get("hub"), locals().get("rollouts"),
-                                    steps, carry, exc)
-        _error_event(run_dir, cfg.allocator.events_file, transport, exc, where)
+    # ------------------------------------------------------------------ phases
+    def start_proxy(self) -> None:
+        """The proxy (its event log and TITO in the run dir), its URL to the cells, the policy and the event log."""
+        cfg, run_dir = self.cfg, self.run_dir
+        pcfg = dataclasses.replace(cfg.proxy, event_log=str(run_dir / "proxy-events.jsonl"),
+                                   tito_dir=str(run_dir / "tito"))
+        if pcfg.openai.tokenizer is None and cfg.model.hf_path is not None:  # the OpenAI endpoint's chat template
+            pcfg = dataclasses.replace(pcfg, openai=dataclasses.replace(pcfg.openai, tokenizer=cfg.model.hf_path))
+        self.proxy = self.proxy_starter(pcfg, host=cfg.proxy.host, log_path=run_dir / "proxy.log",
+                                        config_dir=run_dir)
+        self.comm.bcast(self.proxy.url, root=0)
+        self.policy = make_policy(cfg.scheduler.policy, cfg.scheduler, cfg.cluster.cells)
+        self.log = EventLog(run_dir / cfg.allocator.events_file, self.clock)
+        tracking.tee(self.log, self.tracker)
+
+    def wire(self) -> None:
+        """The hub, the harness and the allocator server, each given this run as its callback interface; then
+        the resume state restored into them and the data-loss watch."""
+        cfg = self.cfg
+        self.hub = Hub(self.comm, cfg.scheduler.batch_groups, self.policy.streaming, cfg.cluster.cells,
+                       self.role_of, self.on_step, burst_open=self.burst_open, on_event=self.write_event)
+        self.rollouts = Rollouts(self.run_dir, self.proxy.url, self.hub.offer, fixed_batches=not self.policy.streaming,
+                                 clock=self.clock, agent=cfg.agent, grader=cfg.grader, model=cfg.model,
+                                 engine=cfg.engine, trajectory=cfg.trajectory, seed=cfg.run.seed,
+                                 cells=cfg.cluster.cells, batch_groups=cfg.scheduler.batch_groups, post=self.post)
+        self.preemption.on_signal = self.rollouts.close  # from the signal on, no group starts or joins the buffer
+        if self.preemption.requested:
+            self.rollouts.close()
+        self.server = LiveServer(self.policy, cfg.allocator, self.transport, self.log, admit=self.rollouts.admit,
+                                 runs_per_query=cfg.agent.runs_per_group, hub=self.hub,
+                                 before_shutdown=self.before_shutdown, progress=self.progress,
+                                 preemption=self.preemption, teardown=self.teardown, ready=self.engines_ready)
+        if self.saved:
+            self.steps.extend(self.saved["steps"])
+            files.restore(self.saved, self.run_dir, self.server, self.hub, self.rollouts, self.policy, self.reissue)
+        self.server.lost_groups = dataloss.LostGroups(lambda: self.rollouts.groups, cfg.allocator.max_lost_group_share,
+                                                      cfg.allocator.steps * cfg.scheduler.batch_groups)
+
+    def run(self) -> dict:
+        """The allocator loop until its stop reason; its stop record (``reason``, ``steps_done``, ...)."""
+        return self._wired(self.server).run()
+
+    def fail(self, exc: BaseException) -> None:
+        """A phase raised ``exc``: a resume state if the run stands at a quiet point, one ``error`` event, the
+        tracker closed (the caller stops the proxy and lets ``exc`` go on)."""
+        where = files.resume_after_error(self.run_dir, self.server, self.hub, self.rollouts, self.steps, self.carry,
+                                         exc)
+        files.error_event(self.run_dir, self.cfg.allocator.events_file, self.transport, exc, where)
+        if self.tracker is not None:
+            self.tracker.close(finished=False, timeout=5.0)
+
+    def stop_proxy(self) -> None:
+        if self.proxy is not None:
+            self.proxy.stop()
+
+    def finish(self, stop: dict) -> Outcome:
+        """The outcome of the stopped run: preempted or rank lost (the resume state saved by ``before_shutdown``),
+        else finished: summary.json, the report, the tracker's last word, no resume state left."""
+        cfg, run_dir, reason = self.cfg, self.run_dir, StopReason.parse(stop["reason"])
+        if self.tracker is not None and reason.saves_resume:  # else: after the summary
+            self.tracker.kept(None)  # every step rank 0 holds is in the resume state it saved
+            files.close_tracker(run_dir, cfg.allocator.events_file, self.transport, self.tracker, finished=False)
+        common = dict(reason=reason, steps_done=stop["steps_done"], run_dir=str(run_dir))
+        if reason.kind is StopKind.RANK_LOST:
+            return Outcome(OutcomeKind.RANK_LOST, resume=self.end.get("lost_saved"), error=self.end.get("lost_error"),
+                           **common)
+        if reason.kind is StopKind.PREEMPTED:
+            saved = str(resume.resume_dir(run_dir)) if self.end.get("saved") else None
+            return Outcome(OutcomeKind.PREEMPTED, resume=saved, error=self.end.get("preempt_error"), **common)
+        rollouts = self._wired(self.rollouts)
+        summary = files.summary(cfg, run_dir, stop, self.steps, rollouts, self.end, self.carry,
+                                self.clock.now() - self.t0)
+        summary.update(live_prediction(run_dir, summary["wall_s"]))  # the simulator's replay of this run
+        atomic_write_json(run_dir / "summary.json", summary)
+        with tracking.PLOT_LOCK:  # a mid-run render of the trackers' PNGs may still be drawing
+            files.report(run_dir, cfg.allocator.events_file, cfg.cluster.cells, self.steps, rollouts)
+        if self.tracker is not None:
+            self.tracker.finish(summary, self.steps[-1]["step"] if self.steps else 0,
+                                [run_dir / f"{n}.png" for n in files.REPORT_PNGS])
+            files.close_tracker(run_dir, cfg.allocator.events_file, self.transport, self.tracker, finished=True)
+        shutil.rmtree(resume.resume_dir(run_dir), ignore_errors=True)  # finished: nothing left to resume
+        lost.drop_held(run_dir)
+        return Outcome(OutcomeKind.FINISHED, summary=summary, **common)
+
+    # ------------------------------------------------------------------ the callback interface
+    @staticmethod
+    def _wired(obj):
+        if obj is None:
+            raise GyreError("rank 0's run was called back before wire() set up the hub, the harness and the server")
+        return obj
+
+    def role_of(self, cell: int) -> Role:
+        return self._wired(self.server).state.cells[cell].role
+
+    def burst_open(self) -> bool:
+        return batches.burst_open(self.policy.mu, self._wired(self.server).state.burst_steps)
+
+    def write_event(self, rec: dict) -> None:
+        self._wired(self.server).log.write(rec)
+
+    def post(self, msg: Event) -> None:
+        """A message of the harness to the allocator loop; dropped until ``wire`` made the server (the harness's
+        monitor may report before it: the allocator starts from its next report)."""
+        if self.server is not None:
+            self.server.post(msg)
+
+    def engines_ready(self) -> bool:
+        server = self._wired(self.server)
+        return self._wired(self.rollouts).engines_serve(
+            [c for c, cs in enumerate(server.state.cells) if cs.role is Role.ROLLOUT])
+
+    def on_step(self, rec: dict) -> None:
+        """The core's STEPPED, taken by the hub: the step's one report reaches the allocator here."""
+        server, cfg, tracker = self._wired(self.server), self.cfg, self.tracker
+        server.apply_step(rec, rec.pop("progress", {}))
+        self.steps.append(rec)
+        lost.hold(self.run_dir, rec["version"])  # the checkpoint a lost rank's resume state uses
+        server.log.write({"event": "train_step", **rec})
+        with open(self.run_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
         if tracker is not None:
-            tracker.close(finished=False, timeout=5.0)
+            tracker.step(rec, self.clock.now())
+            if tracking.images_due(cfg.tracking, len(self.steps), cfg.allocator.steps):  # drawn on its own thread
+                snap, secs = list(self.steps), [g["seconds"] for g in self._wired(self.rollouts).groups]
+                tracker.render(lambda: tracking.render_plots(self.run_dir, cfg.allocator.events_file,
+                                                             cfg.cluster.cells, snap, secs), rec["step"])
+        if periodic.due(len(self.steps), cfg.run.resume_every_steps, cfg.allocator.steps):  # rank 0 may die later
+            ev = periodic.save(self.run_dir, server, self.hub, self.rollouts, self.steps, self.carry,
+                               self.clock.now() - self.t0, server.log.write)
+            if tracker is not None and ev.get("event") == "resume_saved":
+                tracker.kept(rec["step"])
+        self.progress()
+
+    def progress(self) -> None:
+        server, tracker = self._wired(self.server), self.tracker
+        st = server.state
+        roles = {r.value: sum(c.role is r for c in st.cells) for r in Role}
+        if tracker is not None:
+            tracker.observe_roles(self.clock.now(), roles)
+            tracking.flush_errors(tracker, server.log.write)
+        last = self.steps[-1] if self.steps else {}
+        reward = last.get("reward")
+        print(f"[gyre {self.cfg.scheduler.policy}] step {st.steps_done}/{self.cfg.allocator.steps} "
+              f"cells rollout={roles['rollout']} train={roles['train']} "
+              f"switching={roles['draining'] + roles['loading']} lost={roles['lost']} | "
+              f"ready {st.ready_groups} inflight {st.inflight_groups} | "
+              f"staleness {last.get('staleness_mean', 0.0):.2f} = {last.get('staleness_prequeue_mean', 0.0):.2f}"
+              f" pre + {last.get('staleness_inqueue_mean', 0.0):.2f} queued (max {last.get('staleness_max', 0)}) | "
+              f"reward {'-' if reward is None else f'{reward:.3f}'} | {self.clock.now() - self.t0:.0f}s",
+              file=sys.stderr, flush=True)
+
+    def before_shutdown(self, reason: StopReason) -> None:
+        """The loop stopped: a lost rank saves first and only (mpirun kills rank 0 KILL_AFTER_S from now); else the
+        proxy's counters, the resume state of a preemption, the runs cut, the last lost groups logged."""
+        server, hub, rollouts = self._wired(self.server), self.hub, self._wired(self.rollouts)
+        wall = self.clock.now() - self.t0
+        if reason.kind is StopKind.RANK_LOST:
+            files.save_lost(self.run_dir, server, hub, rollouts, self.steps, self.carry, self.end, wall)
+            return
+        from gyre_hpc.proxy.client import ProxyClient
+
+        with ProxyClient(self.proxy.url, timeout=30.0) as pc:
+            try:
+                self.end["proxy"] = preempt.add_proxy(self.carry.get("proxy", {}), pc.stats())
+            except GyreError:  # under SLURM the preemption signal may have reached the proxy too
+                if reason.kind is not StopKind.PREEMPTED:
+                    raise
+                self.end["proxy"] = self.carry.get("proxy", {})
+        if reason.kind is StopKind.PREEMPTED:
+            files.save_resume(self.run_dir, server, hub, rollouts, self.steps,
+                              {**self.carry, "proxy": self.end["proxy"]}, self.policy, self.preemption, self.end,
+                              self.clock.now() - self.t0)
+        self.end["groups_cut"] = rollouts.stop()
+        server.lost_groups.poll(server.log.write)  # the groups that completed since the last pass
+
+
+def run_root(cfg: GyreConfig, run_dir: Path, transport, comm, preemption: preempt.Preemption | None = None,
+             teardown: lost.Teardown | None = None) -> Outcome:
+    """Drive the live run from rank 0 through its phases (``RootRun``); its ``Outcome``: finished (the summary,
+    also in summary.json), preempted or rank lost (the resume state saved, or why not)."""
+    return drive(RootRun(cfg, run_dir, transport, comm, preemption or preempt.Preemption(), teardown))
+
+
+def drive(root: RootRun) -> Outcome:
+    """``root``'s phases in order; a failure of the first three is ``root.fail``'s, and the proxy stops after
+    them whatever happened."""
+    try:
+        root.start_proxy()
+        root.wire()
+        stop = root.run()
+    except BaseException as exc:
+        root.fail(exc)
         raise
     finally:
-        if proxy is not None:
-            proxy.stop()
-    if tracker is not None and stop["reason"].startswith(("preempted", lost.REASON)):  # else: after the summary
-        tracker.kept(None)  # every step rank 0 holds is in the resume state it saved
-        _close_tracker(run_dir, cfg.allocator.events_file, transport, tracker, finished=False)
-    if stop["reason"].startswith(lost.REASON):
-        return {"rank_lost": stop["reason"], "saved": end.get("lost_saved"), "error": end.get("lost_error"),
-                "steps_done": stop["steps_done"], "run_dir": str(run_dir)}
-    if stop["reason"].startswith("preempted"):
-        return {"preempted": stop["reason"], "saved": "saved" in end, "error": end.get("preempt_error"),
-                "steps_done": stop["steps_done"], "run_dir": str(run_dir)}
-    summary = _summary(cfg, run_dir, stop, steps, rollouts, end, carry, clock.now() - t0)
-    summary.update(live_prediction(run_dir, summary["wall_s"]))  # the simulator's replay of this run
-    atomic_write_json(run_dir / "summary.json", summary)
-    with tracking.PLOT_LOCK:  # a mid-run render of the trackers' PNGs may still be drawing
-        _report(run_dir, cfg.allocator.events_file, cfg.cluster.cells, steps, rollouts)
-    if tracker is not None:
-        tracker.finish(summary, steps[-1]["step"] if steps else 0, [run_dir / f"{n}.png" for n in REPORT_PNGS])
-        _close_tracker(run_dir, cfg.allocator.events_file, transport, tracker, finished=True)
-    shutil.rmtree(resume.resume_dir(run_dir), ignore_errors=True)  # finished: nothing left to resume
-    lost.drop_held(run_dir)
-    return summary
-
-
-REPORT_PNGS = ("roles", "reward", "staleness", "query_durations")
-
-
-def _close_tracker(run_dir: Path, events_file: str, transport, tracker, finished: bool) -> None:
-    """Let the backends take what they hold (tracking.close_timeout_s at most); their failures as events."""
-    tracker.close(finished=finished)
-    log = EventLog(run_dir / events_file, transport.clock)
-    try:
-        tracking.flush_errors(tracker, log.write)
-    finally:
-        log.close()
-
-
-def _load_resume(cfg: GyreConfig, run_dir: Path) -> dict | None:
-    """The resume state of ``run_dir`` if it holds one (checked before any process starts its work)."""
-    if not resume.exists(run_dir):  # (RUN_DIR/config.yaml is there: live.rank.run_rank keeps it)
-        return None
-    saved = resume.load(run_dir)
-    if saved["sched"]["steps_done"] >= cfg.allocator.steps:
-        raise ConfigError(f"allocator.steps: {cfg.allocator.steps}, but {run_dir} has "
-                          f"{saved['sched']['steps_done']} steps done already; ask for more steps")
-    (run_dir / "weights" / "LATEST.json").unlink(missing_ok=True)  # its transfer descriptor died with the run
-    return saved
-
-
-def _resume_after_error(run_dir: Path, server, hub, rollouts, steps: list[dict], carry: dict,
-                        exc: BaseException) -> str | None:
-    """Rank 0 failed: a resume state if the run stands at a quiet point (the allocator applied the core's last step
-    and no step is out), as for a preemption; else None. Best effort (the error may be a full disk)."""
-    if isinstance(exc, KeyboardInterrupt) or server is None or hub is None or rollouts is None or not server.started:
-        return None  # not started: nothing new to save (a resumed run's earlier state stays as it was)
-    if hub.step_pending or not steps and hub.version:
-        return None
-    try:
-        rollouts.close()
-        state = preempt.snapshot(server, hub, rollouts, steps, carry, 0.0)
-        resume.save(run_dir, state, preempt.checkpoint_dir(run_dir))
-    except (GyreError, OSError):
-        return None
-    return str(resume.resume_dir(run_dir))
-
-
-def _error_event(run_dir: Path, events_file: str, transport, exc: BaseException, resume_at: str | None) -> None:
-    """An unrecoverable error on rank 0: one ``error`` event in events.jsonl (best effort: the disk may be full)."""
-    if isinstance(exc, KeyboardInterrupt):
-        return
-    rec = {"event": "error", "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500], "resume": resume_at}
-    try:
-        log = EventLog(run_dir / events_file, transport.clock)
-        try:
-            log.write(rec)
-        finally:
-            log.close()
-    except OSError:
-        pass
-
-
-def _restore(saved: dict, run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollouts, policy,
-             reissue: bool) -> None:
-    groups = preempt.restore(saved, server, hub, rollouts, server.clock.now(), reissue)
-    atomic_write_text(run_dir / "metrics.jsonl", "".join(json.dumps(s) + "\n" for s in saved["steps"]))
-    st = server.state
-    server.log.write({"event": "resumed", "version": st.version, "steps_done": st.steps_done,
-                      "buffer": [g.gid for g in groups], "trained_batches": st.trained_batches,
-                      "lag_sum": st.lag_sum, "window": policy.window(st), "next_gid": rollouts.next_gid,
-                      "segment": saved["counters"]["segments"] + 1,
-                      "reissued": preempt.reissued(saved, reissue),
-                      "dropped": [] if reissue else list(saved.get("inflight", []))})
-
-
-def _save_resume(run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollouts, steps: list[dict],
-                 carry: dict, policy, preemption: preempt.Preemption, end: dict, wall_s: float) -> None:
-    """Write RUN_DIR/resume; a failure is logged (``preempt_failed``) and the shutdown goes on."""
-    state = preempt.snapshot(server, hub, rollouts, steps, carry, wall_s)
-    st = server.state
-    try:
-        resume.save(run_dir, state, preempt.checkpoint_dir(run_dir))
-    except (GyreError, OSError) as exc:
-        end["preempt_error"] = str(exc)
-        server.log.write({"event": "preempt_failed", "error": str(exc)})
-        return
-    end["saved"] = True
-    (run_dir / preempt.REQUEST_FILE).unlink(missing_ok=True)  # served: a resumed run must not stop at once
-    server.log.write({"event": "preempted", "signal": preemption.signal, "version": state["version"],
-                      "steps_done": st.steps_done, "buffer": [g["gid"] for g in state["buffer"]],
-                      "trained_batches": st.trained_batches, "lag_sum": st.lag_sum, "window": policy.window(st),
-                      "next_gid": state["next_gid"], "inflight": state["inflight"],
-                      "resume": str(resume.resume_dir(run_dir))})
-
-
-def _save_lost(run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollouts, steps: list[dict],
-               carry: dict, end: dict, wall_s: float) -> None:
-    """A rank is lost: RUN_DIR/resume from what rank 0 holds (runtime.lost); a failure is logged, never raised."""
-    try:
-        state = lost.snapshot(server, hub, rollouts, steps, carry, wall_s)
-        path = lost.save(run_dir, state)
-    except (GyreError, OSError) as exc:
-        end["lost_error"] = str(exc)
-        server.log.write({"event": "lost_rank_unsaved", "error": str(exc)})
-        return
-    end["lost_saved"] = str(path)
-    server.log.write({"event": "lost_rank_saved", "version": state["version"],
-                      "steps_done": state["sched"]["steps_done"], "buffer": [g["gid"] for g in state["buffer"]],
-                      "inflight": state["inflight"], "resume": str(path),
-                      "after_signal_s": round(server.teardown.since_s(), 3)})
-
-
-def _summary(cfg: GyreConfig, run_dir: Path, stop: dict, steps: list[dict], rollouts: Rollouts, end: dict, carry: dict,
-             wall: float) -> dict:
-    cells = [json.loads(p.read_text()) for p in sorted((run_dir / "cells").glob("cell*.json"))]
-    switches = [s for c in cells for s in c["switches"]]
-    pulls = [p for c in cells for p in c["pulls"]]
-    rewards = [s["reward"] for s in steps if s.get("reward") is not None]
-    lag_tokens = sum(s["lag_tokens"] for s in steps)
-    proxy = end.get("proxy", {})
-    records = read_events(run_dir / cfg.allocator.events_file)
-    events = [e["event"] for e in records]
-    statuses = [s for g in rollouts.groups for s in g["statuses"]]
-    loss = dataloss.summary(rollouts.groups)
-    return {
-        "policy": cfg.scheduler.policy, "steps": len(steps), "wall_s": round(carry.get("wall_s", 0.0) + wall, 2),
-        "segments": carry.get("segments", 0) + 1,
-        "switches_r2t": sum(s["to"] == "train" for s in switches),
-        "switches_t2r": sum(s["to"] == "rollout" for s in switches),
-        "weight_pulls": len(pulls),
-        "weight_pull_checksum_ok": bool(pulls) and all(p["checksum_ok"] for p in pulls),
-        "runs_finished": carry.get("runs_finished", 0) + rollouts.ended_runs, "runs_scored": sum(len(g["rewards"]) for g in rollouts.groups),
-        "run_statuses": {k: statuses.count(k) for k in sorted(set(statuses))},
-        "runs_lost": (proxy.get("runs_lost") or 0) + loss["runs_lost_in_groups"],
-        "groups_lost": loss["groups_lost"], "lost_groups": loss["lost_groups"],
-        "calls_late": proxy.get("calls_late", 0), "outcomes_recovered": proxy.get("outcomes_recovered", 0),
-        "runs_moved": proxy.get("runs_moved"),
-        "calls_moved": proxy.get("moves"), "groups_cut_at_stop": end.get("groups_cut", 0),
-        "runs_moved_kv": proxy.get("runs_moved_kv"),  # runs with a move whose KV blocks went over Mooncake
-        "moves_by_kind": {k: proxy.get(f"moves_{k}") for k in ("kv", "reprefill")},
-        "kv_move_median_s": proxy.get("kv_move_median_s"),
-        "prefix_hit_rate": (round(proxy["cached_tokens"] / proxy["prompt_tokens"], 4)
-                            if proxy.get("prompt_tokens") else None),  # engines' cached_tokens / prompt tokens
-        "engine_deaths": events.count("engine_died"), "engine_restarts": events.count("engine_restarted"),
-        "engine_kind": cfg.engine.kind,  # each live engine's /model_info weight_version when its cell ended
-        "engine_weight_versions": {f"cell{c['cell']}": c["engine_weight_version"] for c in cells
-                                   if c.get("engine_weight_version") is not None},
-        "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
-        "staleness_mean": (sum(s["staleness_mean"] * s["lag_tokens"] for s in steps) / lag_tokens
-                           if lag_tokens else 0.0),
-        "staleness_max": max((s["staleness_max"] for s in steps), default=0),
-        **{f"staleness_{part}_{stat}": _staleness(steps, f"staleness_{part}_{stat}")
-           for part in ("prequeue", "inqueue") for stat in ("mean", "max")},
-        **agreement.combine(steps),  # train-inference logprob agreement over every step's first forwards
-        "role_share": role_share(records, cfg.cluster.cells),  # of cell-time: roles.png's title (loading = restarts)
-        "switch_s": {d: _median([s[f"{d}_s"] for s in switches if f"{d}_s" in s])
-                     for d in ("total", "drain", "engine_stop", "engine_sleep", "weight_pull", "engine_start",
-                               "engine_wake")},
-        "queries_reissued": carry.get("queries_reissued", 0),
-        "queries_dropped_at_preempt": carry.get("queries_dropped_at_preempt", 0),
-        "workers": sum(max(c.get("workers_trained", 0), c.get("workers_served", 0)) for c in cells),  # that worked
-        "parallel": next((s["parallel"] for s in reversed(steps) if s.get("parallel")), None),  # the last step's
-        "build_errors": rollouts.errors, "stop": stop, "run_dir": str(run_dir),
-        **({"error": stop["reason"][len("error: "):]} if stop["reason"].startswith("error: data loss") else {}),
-    }
-
-
-def _staleness(steps: list[dict], key: str) -> float:
-    """A staleness field over the whole run: maxima of the steps, or means weighted by trained tokens."""
-    if key.endswith("_max"):
-        return max((s.get(key, 0) for s in steps), default=0)
-    tokens = sum(s["lag_tokens"] for s in steps)
-    return sum(s.get(key, 0.0) * s["lag_tokens"] for s in steps) / tokens if tokens else 0.0
-
-
-def _median(xs: list[float]) -> float | None:
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if xs else None
-
-
-def _report(run_dir: Path, events_file: str, cells: int, steps: list[dict], rollouts: Rollouts) -> None:
-    from gyre_hpc.allocator.eventlog import read_events
-    from gyre_hpc.report.live_plots import query_durations, role_timeline, staleness_split
-    from gyre_hpc.report.train_plots import reward_curve
-
-    rewards = [s["reward"] for s in steps if s.get("reward") is not None]
-    if rewards:
-        reward_curve(rewards, run_dir / "reward.png")
-    role_timeline(read_events(run_dir / events_file), cells, run_dir / "roles.png")
-    query_durations([g["seconds"] for g in rollouts.groups], run_dir / "query_durations.png")
-    if steps:
-        staleness_split(steps, run_dir / "staleness.png")
+        root.stop_proxy()
+    return root.finish(stop)

@@ -5,8 +5,9 @@ groups the hub hands it, receives the satellites' gradients (and their groups), 
 ``batch_groups`` groups of the version it sums them weighted by trained tokens, clips and applies AdamW. With
 ``train.epochs = E > 1`` it then makes E - 1 more AdamW updates over the same groups, recomputing their
 gradients itself on the updated weights (PPO epochs: the importance ratio is taken against the generating
-policy's logprobs). Only then does it bump the version (one version per step, whatever E), write the engines'
-weights directory, publish the weights over the transfer backend and write ``LATEST.json``.
+policy's logprobs). Only then does it bump the version (one version per step, whatever E), publish the weights
+over the transfer backend (filled bucket by bucket from the cell's shards, ``train.weight_bucket_mb``), write the
+engines' weights directory from that buffer and write ``LATEST.json``.
 
 Why the later epochs run at the core: a satellite's gradient for epoch e would need the weights after epoch
 e - 1, i.e. a weight pull and a round trip per epoch. The first epoch, where all the step's groups are new, is
@@ -104,7 +105,7 @@ class CoreTrainer(_Side):
         self.publish()
 
     def _restore(self) -> dict | None:
-        from gyre_hpc import resume
+        from gyre_hpc.lifecycle import resume
         from gyre_hpc.engines.weights import weights_checksum
 
         if not resume.exists(self.run_dir) or not resume.has_checkpoint(self.run_dir):
@@ -202,18 +203,22 @@ class CoreTrainer(_Side):
         return rec
 
     def publish(self) -> dict:
-        """Weights directory for engines, Mooncake buffer for satellites, then LATEST.json; returns timings."""
+        """The transfer buffer (Mooncake) that rollout cells and satellites pull, filled bucket by bucket from the
+        cell's shards (``Trainer.publish_weights``: no rank gathers the whole model besides that buffer), then the
+        weights directory written from that buffer, then LATEST.json; returns timings."""
+        import torch
+
         from gyre_hpc.engines.weights import save_weights
 
         t0 = self.clock.now()
-        weights = self.trainer.export_weights()
-        path = save_weights(store.version_dir(self.run_dir, self.version), weights, str(self.version))
+        desc = self.trainer.publish_weights(self.publisher)  # collective: every worker of the cell takes part
         t1 = self.clock.now()
-        desc = self.publisher.publish({k: v.numpy() for k, v in weights.items()}, version=self.version)
+        weights = {k: torch.from_numpy(v) for k, v in self.publisher.published().items()}
+        path = save_weights(store.version_dir(self.run_dir, self.version), weights, str(self.version))
         t2 = self.clock.now()
         store.write_latest(self.run_dir, self.version, path, desc.to_dict())
         self.trainer.save_checkpoint(self.run_dir / "checkpoints" / "latest")
-        return {"save_weights_s": t1 - t0, "publish_s": t2 - t1, "checkpoint_s": self.clock.now() - t2}
+        return {"publish_s": t1 - t0, "save_weights_s": t2 - t1, "checkpoint_s": self.clock.now() - t2}
 
     def close(self) -> None:
         self.receiver.close()
@@ -221,11 +226,13 @@ class CoreTrainer(_Side):
 
 
 def parallel_sizes() -> dict:
-    """``{"tp", "pp", "dp"}`` of this process's training world (megatron's groups)."""
+    """``{"tp", "pp", "dp"}`` of this process's training world (megatron's groups), with ``"ep"`` when a MoE model's
+    experts are split over an expert-parallel group."""
     from megatron.core import parallel_state as ps
 
+    ep = ps.get_expert_model_parallel_world_size()
     return {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
-            "dp": ps.get_data_parallel_world_size()}
+            "dp": ps.get_data_parallel_world_size(), **({"ep": ep} if ep > 1 else {})}
 
 
 def is_checksum_error(exc: Exception) -> bool:

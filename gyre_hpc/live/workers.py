@@ -46,7 +46,10 @@ from gyre_hpc.config import ClusterConfig
 ORDER, REPORT = 0x6F72, 0x7270  # "or", "rp"
 #: trainer calls that involve the cell's collectives: mirrored on every worker
 COLLECTIVE = ("group_grads_full", "apply_grads", "load_weights", "export_weights", "save_checkpoint",
-              "load_checkpoint", "set_version")
+              "load_checkpoint", "set_version", "publish_weights")
+#: collective calls whose first argument (a transfer publisher) lives on the leader, the sender, only: the workers
+#: get None in its place and take part in the collectives alone (``Trainer.publish_weights``)
+SENDER_ONLY = ("publish_weights",)
 POLL_MAX_S = 0.02  # longest back-off between two polls of an idle worker
 STOP_WAIT_S = 30.0  # how long a leader waits for its workers' reports at the end
 STORE_TIMEOUT_S = 600.0  # how long the cell's workers may take to meet (a loaded machine starts slowly)
@@ -110,6 +113,7 @@ class Geometry:
     address: str
     port: int
     loopback: bool  # the whole cell on one host: gloo's pairs connect over lo (GLOO_SOCKET_IFNAME)
+    ep: int = 1  # expert parallel (MoE: train.expert_parallel; the whole cell is one expert-parallel group)
 
 
 @dataclass
@@ -143,7 +147,7 @@ class Orders:
             self.comm.send((method, args, kwargs), dest=dest, tag=ORDER)
         self.sent += 1
 
-    def meeting(self) -> tuple[Geometry, Any]:
+    def meeting(self, ep: int = 1) -> tuple[Geometry, Any]:
         """Where the cell's torch.distributed world meets, and its store: the leader hosts a TCP store on a port
         the system gives it (bound before anyone is told of it, so no other process can take it meanwhile)."""
         from datetime import timedelta
@@ -153,7 +157,7 @@ class Orders:
         address = "127.0.0.1" if self.one_host else _address(socket.gethostname())
         store = dist.TCPStore(address, 0, self.size, True, timedelta(seconds=STORE_TIMEOUT_S),
                               wait_for_workers=False)
-        return Geometry(self.size, self.cluster.tensor_parallel, address, store.port, self.one_host), store
+        return Geometry(self.size, self.cluster.tensor_parallel, address, store.port, self.one_host, ep), store
 
     def stop(self) -> list[WorkerReport]:
         """Tell every worker to return; their reports, in worker order (a worker that never answers: none)."""
@@ -199,7 +203,8 @@ class MirroredTrainer:
             return value
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            self._orders.send(name, *args, **kwargs)
+            sent = (None, *args[1:]) if name in SENDER_ONLY else args
+            self._orders.send(name, *sent, **kwargs)
             return value(*args, **kwargs)
 
         return call
@@ -222,7 +227,7 @@ def build_trainer(model, train, seed: int, clock: Clock | None, orders: Orders |
     if orders is None or orders.size == 1:
         init_parallel(seed=seed)
         return Trainer(model, train, seed, clock=clock)
-    geo, store = orders.meeting()
+    geo, store = orders.meeting(train.expert_parallel)
     orders.send("init", model, train, seed, geo)
     _join(geo, 0, seed, store)
     return MirroredTrainer(Trainer(model, train, seed, clock=clock), orders)
@@ -241,7 +246,8 @@ def _join(geo: Geometry, worker: int, seed: int, store: Any = None) -> None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if store is None:
         store = dist.TCPStore(geo.address, geo.port, geo.size, False, timedelta(seconds=STORE_TIMEOUT_S))
-    init_parallel(world_size=geo.size, rank=worker, tensor_parallel=geo.tp, seed=seed, store=store)
+    init_parallel(world_size=geo.size, rank=worker, tensor_parallel=geo.tp, seed=seed, store=store,
+                  expert_parallel=geo.ep)
 
 
 def follow(comm: Any, clock: Clock | None = None) -> WorkerReport:

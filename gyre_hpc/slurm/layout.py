@@ -44,6 +44,7 @@ from typing import Sequence
 
 from gyre_hpc.config import ClusterConfig, EngineConfig, GyreConfig, ModelConfig, TrainConfig
 from gyre_hpc.errors import LayoutError
+from gyre_hpc.replicas import tp_refusal
 from gyre_hpc.slurm.env import SlurmEnv
 
 ALLOCATOR_RANK = 0
@@ -264,13 +265,9 @@ def geometry_problems(c: ClusterConfig, m: ModelConfig, e: EngineConfig, t: Trai
     if pp > 1:
         out.append(f"cluster.pipeline_parallel={pp}: the live trainer runs no pipeline schedule yet (megatron's "
                    f"schedules need CUDA, docs/architecture.md); use 1 and scale with tensor_parallel and cells")
-    if t is not None and t.expert_parallel > 1:
-        out.append(f"train.expert_parallel={t.expert_parallel}: the live cells build no expert-parallel world yet "
-                   f"(the trainer alone does: tests/integration/test_moe.py); use 1 in a live run")
-    if c.workers % e.tp:
-        out.append(f"engine.tp={e.tp} does not divide the {c.workers} workers per node: an engine replica's GPUs "
-                   f"are on one node")
-    if e.tp > 1 and e.kind == "local":
-        out.append(f"engine.tp={e.tp}: the local engine has no tensor parallelism; use engine.tp 1 (each worker "
-                   f"serves its own replica) or engine.kind sglang")
-    return out
+    if t is not None and t.expert_parallel > 1 and t.expert_parallel != c.workers_per_cell:
+        out.append(f"train.expert_parallel={t.expert_parallel} must equal the {c.workers_per_cell} workers of a cell "
+                   f"(cluster.nodes_per_cell x workers_per_node): expert parallel feeds every rank of its group the "
+                   f"same rows, so a cell's training world is exactly one expert-parallel group")
+    engine_tp = tp_refusal(c, e)
+    return out + ([engine_tp] if engine_tp else [])

@@ -1,7 +1,7 @@
 """The sbatch path's supervisor: after a step that lost a rank, srun the run again inside the same allocation.
 
 Under srun there is no ``gyre train`` launcher around the ranks (every rank runs its role directly), so the batch
-script is the launcher, and it asks this module, with the same rule as ``gyre train`` (``live.supervise``)::
+script is the launcher, and it asks this module, with the same rule as ``gyre train`` (``lifecycle.recovery``)::
 
     sbatch script (gyre_hpc.slurm.sbatch)
       loop:  touch RUN_DIR/.step-start; srun ... gyre train CONFIG --run-dir RUN_DIR; RC
@@ -22,11 +22,11 @@ Invariants (tests/unit/test_slurm_relaunch.py)
   or a ``resume_saved`` newer than the state it resumed from (rank 0's periodic state, live/periodic.py: rank 0
   itself died), and no ``preempted`` event (events with ``wall`` at or after RUN_DIR/.step-start's mtime), the run
   has no summary.json (it finished, whatever its status), and the batch shell was not signalled (the script never
-  calls this then): only then ``live.supervise.relaunch_reason`` is asked, as for exit 69 with the state saved,
+  calls this then): only then ``lifecycle.recovery.decide`` is asked, as for exit 69 with the state saved,
   within ``--max``.
 - A step is also a lost rank when it was torn down while it started: it ended with a signal's status (>= 128: a
   rank of it was killed; srun reports the highest), its rank 0 never reached its main loop (no event of
-  ``live.supervise.STARTED`` in the step: rank 0, still importing or in MPI_Init, is SIGKILLed KillWait after
+  ``lifecycle.recovery.STARTED`` in the step: rank 0, still importing or in MPI_Init, is SIGKILLed KillWait after
   srun's SIGTERM and saves nothing), no rank wrote RUN_DIR/errors/rankN.txt during it (a rank that raised is an
   error, never relaunched before a first step), no ``preempted`` event, no summary, the shell not signalled. The
   rule relaunches it (``rank_lost_at_start``) from what the step started from; after ``--max`` relaunches it is a
@@ -44,31 +44,21 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from gyre_hpc import resume
+from gyre_hpc.lifecycle import recovery, resume
+from gyre_hpc.lifecycle.recovery import RANK_LOST_EXIT, STEP_START
 from gyre_hpc.live import supervise
-from gyre_hpc.live.lost import RANK_LOST_EXIT
 
-STEP_START = ".step-start"
 #: this module's exit status for a step lost while it started that is not relaunched: the job's own (69)
 AT_START_FAILED = RANK_LOST_EXIT
-#: srun's status when a task of the step ended by a signal (128 + the signal: 137 SIGKILL, 143 SIGTERM)
-SIGNALLED_STATUS = 128
 
 
-def step_outcome(run_dir: Path, events_path: Path, code: int) -> supervise.Segment:
-    """How the step that started at RUN_DIR/.step-start ended, in ``live.supervise``'s terms: rank 0's own
-    events of the step say whether it lost a rank (``lost_rank_saved``), was preempted (``preempted``) or never
-    reached its main loop (``supervise.STARTED``); a rank's error file of the step says it raised."""
+def step_outcome(run_dir: Path, events_path: Path, code: int) -> recovery.Segment:
+    """How the step that started at RUN_DIR/.step-start ended, in the recovery rule's terms
+    (``recovery.step_segment``): rank 0's own events of the step, a rank's error file of the step, the summary."""
     start = (run_dir / STEP_START).stat().st_mtime if (run_dir / STEP_START).is_file() else 0.0
     events = [e for e in supervise.events_of(events_path) if float(e.get("wall", 0.0)) >= start]
-    kinds = {e["event"] for e in events}
-    saved, preempted, started = "lost_rank_saved" in kinds, "preempted" in kinds, supervise.started(kinds)
-    newer = supervise.saved_newer(events)  # rank 0's periodic state: rank 0 itself may be the rank that died
-    at_start = code >= SIGNALLED_STATUS and not started and not errors_since(run_dir, start)
-    lost = (code != 0 and (saved or newer or at_start) and not preempted
-            and not (run_dir / "summary.json").is_file())
-    return supervise.Segment(exit=RANK_LOST_EXIT if lost else code, saved=saved, resume_state=resume.exists(run_dir),
-                             resumed="resumed" in kinds, preempted=preempted, checkpointed=newer, started=started)
+    return recovery.step_segment(code, events, errors=bool(errors_since(run_dir, start)),
+                                 finished=(run_dir / "summary.json").is_file(), resume_state=resume.exists(run_dir))
 
 
 def errors_since(run_dir: Path, start: float) -> list[Path]:
@@ -105,19 +95,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     run_dir = Path(args.run_dir)
     events_path = run_dir / args.events
-    seg = step_outcome(run_dir, events_path, args.exit)
-    reason = supervise.relaunch_reason(seg, args.done, args.max)
-    if reason is None and seg.exit == RANK_LOST_EXIT and seg.at_start and not seg.preempted:
+    decision = recovery.decide(step_outcome(run_dir, events_path, args.exit), args.done, args.max)
+    if decision.lost_at_start:
         state = resume.resume_dir(run_dir) if resume.exists(run_dir) else None
         record_failure(events_path, args.exit, args.done, state)
         print(f"gyre: a rank of the step was lost while it started (srun exit {args.exit}); not relaunched after "
               f"{args.done} relaunch(es) (run.max_relaunches {args.max}): the job fails with {AT_START_FAILED}"
               + (f"; its resume state {state} is untouched" if state else ""), file=sys.stderr)
         return AT_START_FAILED
-    if reason is None:
+    if decision.action is not recovery.Action.RELAUNCH:
         return 1
-    supervise.record(events_path, args.done + 1, args.exit, reason)
-    what = "while it started; nothing was applied" if reason == supervise.AT_START else "resume state saved"
+    supervise.record(events_path, args.done + 1, args.exit, decision.reason)
+    what = "while it started; nothing was applied" if decision.reason == recovery.AT_START else "resume state saved"
     print(f"gyre: a rank of the step was lost (srun exit {args.exit}, {what}); relaunching in this "
           f"allocation ({args.done + 1} of at most {args.max}, run.max_relaunches)", file=sys.stderr)
     return 0

@@ -33,7 +33,7 @@ Invariants
 - The bind shim's lines (``gyre_hpc.listen.batch_lines``) appear only when ``cluster.listen_interface`` names an
   interface, or is null with ``slurm.local_cluster`` true (then ``lo``).
 - The script requeues itself only when ``slurm.requeue`` is true and ``slurm.max_requeues`` > 0, only on the
-  preempted exit status (``gyre_hpc.resume.PREEMPTED_EXIT``) or a resume state the step wrote, never after a
+  preempted exit status (``gyre_hpc.lifecycle.recovery.PREEMPTED_EXIT``) or a resume state the step wrote, never after a
   SIGTERM to the batch shell (a plain ``scancel``; unless TERM is the preemption signal), and exits with the
   step's status otherwise.
 - The script sruns the step again (same allocation) only when ``python -m gyre_hpc.slurm.relaunch`` says so:
@@ -55,14 +55,10 @@ from typing import Sequence
 
 from gyre_hpc import listen
 from gyre_hpc.config import GyreConfig
+from gyre_hpc.lifecycle.recovery import PREEMPTED_EXIT, RANK_LOST_EXIT, REQUEST_FILE, SBATCH_ENV, STEP_START
 from gyre_hpc.openmpi import LOCAL_EXPORTS
-from gyre_hpc.preempt_request import REQUEST_FILE, SBATCH_ENV
-from gyre_hpc.resume import PREEMPTED_EXIT
 from gyre_hpc.slurm.layout import local_nodes, plan
 from gyre_hpc.slurm_options import parse_signal
-
-#: exit status of a job that lost a rank (live/lost.py's RANK_LOST_EXIT; this core module does not import live/)
-RANK_LOST_EXIT = 69
 
 #: checked-in script -> the config it is rendered from (paths relative to the repository root)
 SCRIPTS = {
@@ -174,7 +170,7 @@ def _launch(cfg: GyreConfig, layout, config_path: str, overrides: Sequence[str])
         "#     (--kill-on-bad-exit) so a failure ends the job instead of hanging it; a request of an earlier step",
         "#     or job was served (one that came before this srun is kept: the ranks see it at start)",
         f'(( SIGNALLED )) || rm -f "$RUN_DIR/{REQUEST_FILE}"',
-        'touch "$RUN_DIR/.step-start"',
+        f'touch "$RUN_DIR/{STEP_START}"',
         "srun " + " ".join(srun) + " \\", "  " + " ".join(train) + " &",
         "STEP=$!",
         "# wait returns early when a trapped signal arrives: keep waiting until the step has ended",
@@ -220,7 +216,7 @@ def _requeue(s, config_path: str) -> list[str]:
         "#     (srun may report 143 when --kill-on-bad-exit ended a rank that was exiting 75 itself: the resume",
         "#     state this step wrote is the proof); never after a SIGTERM to this shell (CANCELLED): a cancel",
         "#     stays cancelled, and what SLURM preempts or requeues itself it requeues itself",
-        f'if (( RC == {PREEMPTED_EXIT} )) || [[ "$RUN_DIR/resume/state.json" -nt "$RUN_DIR/.step-start" ]]; then',
+        f'if (( RC == {PREEMPTED_EXIT} )) || [[ "$RUN_DIR/resume/state.json" -nt "$RUN_DIR/{STEP_START}" ]]; then',
         f'  if (( ! CANCELLED && ${{SLURM_RESTART_COUNT:-0}} < {n} )) && scontrol requeue "$SLURM_JOB_ID"; then',
         f'    echo "gyre: preempted; job $SLURM_JOB_ID requeued (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of '
         f'{n})" >&2',

@@ -5,7 +5,7 @@ time limit (edge: submitit).
 
     the step gets SIGUSR1 or SIGTERM (a preemption: ``scancel --signal=USR1 JOBID``, srun's signal), or the signal
     submitit's sbatch asks for N seconds before the time limit (``--signal=USR2@N``, N = slurm.signal's seconds;
-    gyre_hpc.rank_signals: on submitit's tasks USR2 is a preemption, and the stack dump is SIGQUIT)
+    gyre_hpc.lifecycle.rank_signals: on submitit's tasks USR2 is a preemption, and the stack dump is SIGQUIT)
       every rank: the live run stops in order, rank 0 writes RUN_DIR/resume, every rank returns exit 75
       rank 0 (after its role ended, the state on disk): ``checkpoint()`` -> DelayedSubmission(self, config, run_dir)
               stored as submitit's own handler stores it (``job_environment._checkpoint``), then
@@ -17,11 +17,11 @@ time limit (edge: submitit).
 A SIGTERM is a preemption (SLURM's own: the job keeps RUNNING through its GraceTime) or srun's teardown after a
 lost rank (the job keeps RUNNING), but also ``scancel JOBID``, which a user means as the end: the job is then
 CANCELLED at once (``scontrol`` shows it COMPLETING while its processes end). So after a SIGTERM rank 0 asks the
-job's state before it requeues (``cancelled``): a job no longer RUNNING is not requeued; the resume state stays
+job's state before it requeues (``lifecycle.recovery.cancelled``): a job no longer RUNNING is not requeued; the resume state stays
 and the task fails saying so. (submitit's own handler never takes SIGTERM: it bypasses it.)
 
 The time limit counts as submitit counts it: a requeue after the time-limit signal spends one of the job's
-timeouts (the executor's ``max_num_timeout``, 3 by default; ``requeue_countdown``), a preemption spends none; a
+timeouts (the executor's ``max_num_timeout``, 3 by default; ``lifecycle.recovery.requeue_countdown``), a preemption spends none; a
 job out of timeouts is not requeued and fails saying where its resume state is (``gyre train --resume``).
 
 Why not from submitit's signal handler: it runs in the main thread, which is the allocator loop's; it cannot wait
@@ -41,22 +41,10 @@ from typing import Any
 
 from submitit.helpers import Checkpointable
 
-from gyre_hpc import rank_signals
 from gyre_hpc.errors import GyreError
-from gyre_hpc.resume import PREEMPTED_EXIT
+from gyre_hpc.lifecycle import rank_signals
+from gyre_hpc.lifecycle.recovery import PREEMPTED_EXIT, cancelled, requeue_countdown
 from gyre_hpc.slurm.submit_tasks import Preempted, train_rank
-
-
-def requeue_countdown(countdown: int, signal_name: str | None, signals: rank_signals.RankSignals) -> int:
-    """The timeouts left after this requeue, as submitit's ``checkpoint_and_try_requeue`` counts them: the
-    time-limit signal spends one, a preemption none; below 0 the job is not requeued."""
-    return countdown - int(signals.is_time_limit(signal_name))
-
-
-def cancelled(signal_name: str | None, job_state: str | None) -> bool:
-    """The preemption was ``scancel``: a SIGTERM while the job is no longer RUNNING (``job_state`` as ``scontrol
-    show job`` gives it: COMPLETING or CANCELLED after scancel; None: unknown, taken as running)."""
-    return signal_name == "SIGTERM" and job_state is not None and job_state != "RUNNING"
 
 
 def job_state(job_id: str) -> str | None:

@@ -7,7 +7,7 @@
   With ``allow_preempted`` a rank that stopped for a preemption returns ``Preempted(signal)`` instead (the
   submitit job's ``TrainRank``, gyre_hpc/slurm/submit_requeue.py, then requeues the job). The preemption signals
   are caught from the task's first line (``early_preemption``, before MPI_Init), with their meaning on
-  submitit's tasks: SIGTERM, SIGUSR1, and submitit's time-limit signal (gyre_hpc.rank_signals).
+  submitit's tasks: SIGTERM, SIGUSR1, and submitit's time-limit signal (gyre_hpc.lifecycle.rank_signals).
 - ``train_local``: the local executor's job: ``gyre train``'s mpirun launcher (``gyre_hpc.live.launch``) with
   1 + K x W ranks on this machine, then the summary.
 - ``simulate_element``: one ``gyre sweep --simulate`` element: ``compare`` on the element's config, one row.
@@ -27,7 +27,7 @@ from typing import Any
 
 from gyre_hpc.config import load_config
 from gyre_hpc.errors import GyreError, LayoutError
-from gyre_hpc.resume import PREEMPTED_EXIT
+from gyre_hpc.lifecycle.recovery import PREEMPTED_EXIT
 
 @dataclass(frozen=True)
 class Preempted:

@@ -2,7 +2,8 @@
 
 Layout of a checkpoint directory::
 
-    <path>/meta.json                   {"version": ..., "tensor_parallel": ..., "world_size": ...}
+    <path>/meta.json                   {"version": ..., "tensor_parallel": ..., "world_size": ...,
+                                        "distributed_optimizer": ...}
     <path>/rank000.safetensors ...     each rank's model tensors (safetensors: no code in the file format)
     <path>/rank000.state.pt ...        the rest of its Trainer.state_dict(): optimizer state, version, the model's
                                        non-tensor entries; plain tensors, numbers, strings, lists and dicts only,
@@ -16,6 +17,9 @@ Invariants
 - ``gather_full`` returns each parameter as the single-rank model would hold it: tensor-parallel shards are
   gathered along ``partition_dim``, and SwiGLU ``linear_fc1`` shards ([gate_r; up_r]) are re-ordered to
   [gate; up]; expert-parallel experts are gathered and named by their global index (``gyre_hpc.train.moe``).
+- Written under ``train.distributed_optimizer`` a moment is in its owner's rank file only (``train.zero``);
+  ``load_resharded`` takes each moment from the replica that holds it, so such a checkpoint resumes under any
+  layout, sharded or not.
 - Nothing in a checkpoint is unpickled with arbitrary globals: a file that holds any other object (a planted
   pickle with a ``__reduce__`` payload) is refused with a ``CheckpointError`` before any of it runs
   (tests/integration/test_checkpoint_hostile.py).
@@ -65,10 +69,7 @@ def load(path: str | Path) -> tuple[dict, dict]:
     """This rank's state and the checkpoint's meta; a missing or mismatched checkpoint is a ``CheckpointError``."""
     path = Path(path)
     rank, world = _rank_world()
-    meta_file = path / "meta.json"
-    if not meta_file.is_file():
-        raise CheckpointError(f"{path}: not a checkpoint directory (no meta.json)")
-    meta = json.loads(meta_file.read_text())
+    meta = read_meta(path)
     if meta.get("world_size") != world:
         raise CheckpointError(f"{path}: saved by {meta.get('world_size')} ranks, loading with {world}")
     return _read_rank(path, rank), meta
@@ -98,35 +99,53 @@ def merge_tp(ranks: list[dict[str, torch.Tensor]], swiglu: bool) -> dict[str, to
 
 def load_resharded(path: str | Path, model: torch.nn.Module, swiglu: bool) -> dict:
     """This rank's ``Trainer.state_dict()`` from a checkpoint written under another layout (another tensor-parallel
-    size or number of workers): the first tensor-parallel group's files are merged into the single-rank model's
-    tensors (model and optimizer moments alike), then cut into this rank's shards (``local_shard``)."""
+    size or number of workers, moments sharded or not): the first tensor-parallel group's files are merged into the
+    single-rank model's tensors, each moment from the data-parallel replica that holds it (all of them, unless the
+    writer sharded its optimizer: ``gyre_hpc.train.zero``), then cut into this rank's shards (``local_shard``)."""
     path = Path(path)
-    meta = json.loads((path / "meta.json").read_text())
-    saved = [_read_rank(path, r) for r in range(int(meta.get("tensor_parallel", 1)))]
+    world, tp, sharded = layout_of(path)
+    replicas = [[_read_rank(path, d * tp + t) for t in range(tp)] for d in range(world // tp if sharded else 1)]
+    saved = replicas[0]
     params = dict(model.named_parameters())
     names = [n for n, p in params.items() if p.requires_grad]  # the optimizer's parameter order
     full = merge_tp([s["model"] for s in saved], swiglu)
     weights = {k: local_shard(params[k], k, v, swiglu) if k in params else v for k, v in full.items()}
     extra = {k: v for k, v in saved[0]["model"].items() if not isinstance(v, torch.Tensor)}
-    opt = saved[0]["optimizer"]
+    holder = {i: group for group in reversed(replicas) for i in group[0]["optimizer"]["state"]}  # first holder wins
     moments = {i: {k: (v if k == "step" else local_shard(params[names[i]], names[i], merge_shards(
-        names[i], [s["optimizer"]["state"][i][k] for s in saved], swiglu), swiglu)) for k, v in st.items()}
-        for i, st in opt["state"].items()}
+        names[i], [s["optimizer"]["state"][i][k] for s in group], swiglu), swiglu))
+        for k, v in group[0]["optimizer"]["state"][i].items()} for i, group in sorted(holder.items())}
     return {**{k: v for k, v in saved[0].items() if k not in ("model", "optimizer")},
-            "model": {**weights, **extra}, "optimizer": {**opt, "state": moments}}
+            "model": {**weights, **extra}, "optimizer": {**saved[0]["optimizer"], "state": moments}}
 
 
-def layout_of(path: str | Path) -> tuple[int, int]:
-    """(world size, tensor-parallel size) a checkpoint was written with."""
+def read_meta(path: str | Path) -> dict:
+    """The checkpoint's meta.json; a directory without one is a ``CheckpointError``."""
     if not (Path(path) / "meta.json").is_file():
         raise CheckpointError(f"{path}: not a checkpoint directory (no meta.json)")
-    meta = json.loads((Path(path) / "meta.json").read_text())
-    return int(meta.get("world_size", 1)), int(meta.get("tensor_parallel", 1))
+    return json.loads((Path(path) / "meta.json").read_text())
+
+
+def check_expert_parallel(path: str | Path, ep: int) -> None:
+    """A checkpoint resumes under the expert-parallel size that wrote it (its rank files hold that rank's experts):
+    another is a ``CheckpointError`` naming both."""
+    saved = read_meta(path).get("expert_parallel", 1)
+    if saved != ep:
+        raise CheckpointError(f"{path}: written under train.expert_parallel={saved}, resumed under {ep}: resume "
+                              f"with train.expert_parallel={saved}")
+
+
+def layout_of(path: str | Path) -> tuple[int, int, bool]:
+    """(world size, tensor-parallel size, optimizer moments sharded over the replicas) a checkpoint was written
+    with."""
+    meta = read_meta(path)
+    return (int(meta.get("world_size", 1)), int(meta.get("tensor_parallel", 1)),
+            bool(meta.get("distributed_optimizer", False)))
 
 
 def rank_files(path: str | Path, rank: int) -> list[Path]:
     """The files of rank ``rank`` in the checkpoint directory ``path`` (what a resume needs of it)."""
-    from gyre_hpc.resume import RANK_FILES
+    from gyre_hpc.lifecycle.resume import RANK_FILES
 
     return [Path(path) / f.format(rank=rank) for f in RANK_FILES]
 

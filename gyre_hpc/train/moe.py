@@ -167,6 +167,37 @@ def gather_experts(local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def gather_expert_grads(model: torch.nn.Module, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``gather_experts`` for gradients: an expert no token was routed to has none on its rank, so every rank first
+    fills zeros for its missing experts (the all-gathers pair tensors by order), then the experts that had no
+    gradient on their rank are left out, as a one-rank trainer leaves them out (a collective when EP > 1)."""
+    rank, size = ep_rank_size()
+    if size == 1:
+        return grads
+    from megatron.core import parallel_state as ps
+
+    params = dict(model.named_parameters())
+    experts = [n for n in params if is_expert(n)]
+    missing = [n for n in experts if n not in grads]
+    full = {n: grads[n] if n in grads else torch.zeros_like(params[n]) for n in params if n in grads or is_expert(n)}
+    every: list = [None] * size
+    dist.all_gather_object(every, missing, group=ps.get_expert_model_parallel_group())
+    per = len({int(EXPERT.match(n)[2]) for n in experts})
+    absent = {global_name(n, r, per) for r, names in enumerate(every) for n in names}
+    return {k: v for k, v in gather_experts(full).items() if k not in absent}
+
+
+def global_shapes(local: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Shapes by full-model name from this rank's (every expert-parallel rank holds as many experts, alike)."""
+    rank, size = ep_rank_size()
+    held = {int(m[2]) for m in map(EXPERT.match, local) if m is not None}
+    if size == 1 or not held:
+        return dict(local)
+    per = max(held) + 1
+    return {global_name(n, r, per): shape for n, shape in local.items()
+            for r in (range(size) if is_expert(n) else (0,))}
+
+
 def unreplicate_expert_grads(model: torch.nn.Module) -> None:
     """Divide every expert gradient by EP (each rank fed the same rows; see the module docstring)."""
     _, size = ep_rank_size()

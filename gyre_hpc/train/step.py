@@ -26,6 +26,8 @@ Invariants
 - Memory: tree attention (``model.attention: tree``) and the chunked output layer (``train.logits_chunk_tokens``)
   hold no ``[T, T]`` tensor and no full-vocabulary logits of a micro-batch; ``train.recompute`` keeps one layer's
   activations at a time. None changes the loss or the gradients beyond float rounding.
+- ``train.distributed_optimizer`` (ZeRO-1, ``gyre_hpc.train.zero``) shards the AdamW moments over the data-parallel
+  replicas and changes no weight: a sharded step equals the unsharded one bit for bit.
 """
 from __future__ import annotations
 
@@ -40,8 +42,7 @@ import torch.distributed as dist
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.config import ModelConfig, TrainConfig
 from gyre_hpc.errors import TrajectoryError
-from gyre_hpc.train import checkpoint
-from gyre_hpc.train import agreement, moe
+from gyre_hpc.train import agreement, checkpoint, moe, zero
 from gyre_hpc.train.adamw import AdamW
 from gyre_hpc.train.layout import cut_overlong, layout
 from gyre_hpc.train.loss import chunked_logprobs, gather_logprobs, policy_loss, ppo_stats, tis_weights
@@ -91,7 +92,20 @@ class Trainer:
         self.optimizer = AdamW(
             self.params, lr=train_cfg.lr, betas=tuple(train_cfg.betas), weight_decay=train_cfg.weight_decay
         )
+        self.sharded = self._shard_optimizer()
         self.version = 0
+
+    def _shard_optimizer(self) -> zero.ShardedOptimizer | None:
+        """ZeRO-1 over the data-parallel replicas (``train.distributed_optimizer``), or None (one replica: nothing
+        to shard; expert parallel: the replicas hold different experts)."""
+        if not self.cfg.distributed_optimizer or moe.ep_rank_size()[1] > 1:
+            return None
+        dp_rank, dp, group = _data_parallel()
+        return zero.ShardedOptimizer(self.optimizer, self.params, dp_rank, dp, group) if dp > 1 else None
+
+    def _optimizer_step(self) -> None:
+        (self.sharded or self.optimizer).step()
+        self.optimizer.zero_grad(set_to_none=True)
 
     # ------------------------------------------------------------------------------------------ forward
     def _check(self, batch: PackedBatch) -> None:
@@ -208,31 +222,33 @@ class Trainer:
         """``group_grads`` with every gradient as the single-rank model would hold it (tensor-parallel shards
         gathered; data-parallel replicas summed): what goes into the core's sum, wherever the group ran."""
         metrics, grads, mine = self.group_grads(batch, trainer_old)
-        return metrics, checkpoint.gather_tensors(self.model, grads, self.model_cfg.swiglu), mine
+        return metrics, moe.gather_expert_grads(
+            self.model, checkpoint.gather_tensors(self.model, grads, self.model_cfg.swiglu)), mine
 
     def apply_grads(self, full: dict[str, np.ndarray]) -> float:
         """One AdamW update with ``full`` (name -> whole-model gradient) as the gradients, clipped to
-        ``train.grad_clip``; returns the norm before clipping (0 when ``full`` is empty)."""
+        ``train.grad_clip``; returns the norm before clipping (0 when ``full`` is empty). ``full`` is left as it was."""
         self.optimizer.zero_grad(set_to_none=True)
+        full = moe.to_local(full, self.model_cfg.experts)  # expert parallel: this rank's experts, local names
         for name, p in self.model.named_parameters():
             if name in full:
                 g = checkpoint.local_shard(p, name, torch.from_numpy(np.asarray(full[name])), self.model_cfg.swiglu)
-                p.grad = g.to(p.dtype).contiguous()
+                # on the weights' device (CPU gradients, CUDA weights), a copy: clipping scales it in place
+                p.grad = g.to(device=p.device, dtype=p.dtype, copy=True).contiguous()
         norm = self.clip_grads() if full else 0.0
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._optimizer_step()
         return norm
 
     def load_weights(self, full: dict[str, torch.Tensor]) -> None:
         """Load whole-model tensors (``export_weights``'s form: another cell's, any layout) into this rank's shards."""
         params = dict(self.model.named_parameters())
         state = {k: checkpoint.local_shard(params[k], k, v, self.model_cfg.swiglu) if k in params else v
-                 for k, v in full.items()}
+                 for k, v in moe.to_local(full, self.model_cfg.experts).items()}
         self.model.load_state_dict(state, strict=False)
 
     def full_shapes(self) -> dict[str, tuple[int, ...]]:
         """Each parameter's shape in the single-rank model (the form of ``group_grads_full``'s gradients)."""
-        return {n: checkpoint.full_shape(p) for n, p in self.model.named_parameters()}
+        return moe.global_shapes({n: checkpoint.full_shape(p) for n, p in self.model.named_parameters()})
 
     def set_version(self, version: int) -> None:
         self.version = int(version)
@@ -269,8 +285,7 @@ class Trainer:
         t0 = self.clock.now()
         metrics = self._accumulate(batch)
         norm = self.clip_grads()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._optimizer_step()
         self.version += 1
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -287,6 +302,8 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.sharded is not None:
+            self.sharded.keep_owned()
         self.version = int(state["version"])
 
     def export_weights(self) -> dict[str, torch.Tensor]:
@@ -307,6 +324,10 @@ class Trainer:
         descriptor on the sender, None elsewhere."""
         from gyre_hpc.train.reshard import publish_resharded
 
+        if moe.ep_rank_size()[1] > 1:  # the buckets are planned per TP/PP shard, not per expert-parallel rank
+            full = self.export_weights()
+            return None if publisher is None else publisher.publish({k: v.numpy() for k, v in full.items()},
+                                                                    version=self.version)
         return publish_resharded(self.model, self.model_cfg, publisher, self.version,
                                  int(self.cfg.weight_bucket_mb * 2**20))[0]
 
@@ -314,7 +335,8 @@ class Trainer:
         """Write model, optimizer and version to the directory ``path`` atomically."""
         from megatron.core import parallel_state as ps
 
-        meta = {"version": self.version, "tensor_parallel": ps.get_tensor_model_parallel_world_size()}
+        meta = {"version": self.version, "tensor_parallel": ps.get_tensor_model_parallel_world_size(),
+                "distributed_optimizer": self.sharded is not None, "expert_parallel": moe.ep_rank_size()[1]}
         return checkpoint.save(path, self.state_dict(), meta)
 
     def load_checkpoint(self, path: str | Path) -> None:
@@ -323,7 +345,9 @@ class Trainer:
         from megatron.core import parallel_state as ps
 
         world = dist.get_world_size() if dist.is_initialized() else 1
-        if checkpoint.layout_of(path) != (world, ps.get_tensor_model_parallel_world_size()):
+        here = (world, ps.get_tensor_model_parallel_world_size(), self.sharded is not None)
+        checkpoint.check_expert_parallel(path, moe.ep_rank_size()[1])
+        if checkpoint.layout_of(path) != here:  # another layout, or moments sharded one way and read the other
             self.load_state_dict(checkpoint.load_resharded(path, self.model, self.model_cfg.swiglu))
             return
         state, _ = checkpoint.load(path)

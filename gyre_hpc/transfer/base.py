@@ -158,6 +158,7 @@ class BufferPublisher(_Owned):
     def __init__(self, cfg: TransferConfig):
         super().__init__(cfg)
         self._version: int | None = None
+        self._published: tuple[list, np.ndarray] | None = None  # (entries, data) of the last version published
 
     def publish(self, weights: Mapping[str, np.ndarray], version: int) -> WeightDescriptor:
         self._check_usable()
@@ -167,10 +168,7 @@ class BufferPublisher(_Owned):
         buf[:HEADER_BYTES] = header_bytes(WRITING, total)
         data = buf[HEADER_BYTES:HEADER_BYTES + total]
         pack_into(weights, entries, data)
-        manifest = make_manifest(entries, total, data, version, self.cfg.checksum, self.cfg.checksum_chunk_bytes)
-        buf[:HEADER_BYTES] = header_bytes(version, total)
-        self._version = version
-        return WeightDescriptor(self.backend, self.location, int(buf.ctypes.data), manifest)
+        return self._done(entries, total, data, buf, version)
 
     def publish_stream(self, specs, buckets, version: int) -> WeightDescriptor:
         """``publish`` filled bucket by bucket: ``specs`` ``(name, dtype, shape)`` plan the layout up front, then
@@ -198,10 +196,26 @@ class BufferPublisher(_Owned):
         if len(filled) != len(slots):
             missing = [n for n in slots if n not in filled]
             raise TransferError(f"publish_stream: {len(missing)} planned tensors never came: {missing[:5]}")
+        return self._done(entries, total, data, buf, version)
+
+    def _done(self, entries: list, total: int, data: np.ndarray, buf: np.ndarray, version: int) -> WeightDescriptor:
         manifest = make_manifest(entries, total, data, version, self.cfg.checksum, self.cfg.checksum_chunk_bytes)
         buf[:HEADER_BYTES] = header_bytes(version, total)
         self._version = version
+        self._published = (entries, data)
         return WeightDescriptor(self.backend, self.location, int(buf.ctypes.data), manifest)
+
+    def published(self) -> dict[str, np.ndarray]:
+        """The tensors of the last version published, as views into the buffer (no copy; never to be written): what
+        a writer of the same version to disk reads, until the next ``publish`` overwrites them."""
+        self._check_usable()
+        if self._published is None:
+            raise TransferError("published: nothing published yet")
+        entries, data = self._published
+        out = {}
+        for e in entries:
+            out[e.name] = data[e.offset:e.offset + e.nbytes].view(np.dtype(e.dtype)).reshape(e.shape)
+        return out
 
     def _check_version(self, version: int) -> None:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:

@@ -12,13 +12,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 480
+# agent.timeout_s of the live tests: runs must not time out on a CI machine several times slower than a quiet one
+# (the CI of 2026-12-05 ran the mpi group 5x slower than a quiet machine, timed out 13 of 40 runs at 120 s and
+# failed runs_scored == runs_finished); a stop cancels the runs still going, so a longer timeout costs nothing
+AGENT_TIMEOUT = "agent.timeout_s=600"
 
 
 class RunWatcher(threading.Thread):
     """A thread that acts on a live run under ``out`` while it runs (kill, drain...), until ``timeout_s``; what it
-    did or the error it met is for the test to check (``error``: empty when none)."""
+    did or the error it met is for the test to check (``error``: empty when none). The default deadline is the
+    run's own: a watcher that gives up before the run ends misses what it waits for on a slow machine."""
 
-    def __init__(self, out: Path, timeout_s: float):
+    def __init__(self, out: Path, timeout_s: float = TIMEOUT_S):
         super().__init__(daemon=True)
         self.out, self.deadline = out, time.monotonic() + timeout_s
         self.error = ""

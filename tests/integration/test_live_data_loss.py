@@ -6,14 +6,14 @@ import json
 import pytest
 
 from gyre_hpc.allocator.eventlog import read_events
-from live_run import run_live
+from live_run import AGENT_TIMEOUT, run_live
 from slurm_cluster import mpirun  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow]
 
 OVERRIDES = [
     "cluster.cells=2", "scheduler.policy=colocate", "scheduler.batch_groups=2", "allocator.steps=2",
-    "agent.runs_per_group=4", "agent.turns=[1, 2]", "agent.timeout_s=120", "run.name=dataloss",
+    "agent.runs_per_group=4", "agent.turns=[1, 2]", AGENT_TIMEOUT, "run.name=dataloss",
     "allocator.hello_timeout_s=300", "proxy.startup_timeout_s=300", "train.epochs=1",
     "trajectory.max_row_tokens=2", "allocator.max_lost_group_share=0",
     "engine.sleep_in_training=true",  # no engine restart per switch (CPU); restarts: test_live_training

@@ -8,14 +8,14 @@ import pytest
 
 from gyre_hpc.allocator.eventlog import read_events
 from gyre_hpc.cli import main
-from live_run import run_live
+from live_run import AGENT_TIMEOUT, run_live
 from slurm_cluster import mpirun  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow]
 
 OVERRIDES = [
     "scheduler.policy=gyre", "cluster.cells=3", "scheduler.batch_groups=2", "allocator.steps=3",
-    "agent.runs_per_group=4", "agent.turns=[1, 2]", "agent.timeout_s=120", "run.name=gyre-ci",
+    "agent.runs_per_group=4", "agent.turns=[1, 2]", AGENT_TIMEOUT, "run.name=gyre-ci",
     "allocator.hello_timeout_s=300",
     "engine.sleep_in_training=true",  # no engine restart per switch (CPU); restarts: test_live_training
 ]
@@ -45,7 +45,7 @@ def test_gyre_switches_both_ways_pulls_weights_and_loses_no_run(gyre_run):
     assert summary["switches_r2t"] >= 2 and summary["switches_t2r"] >= 1
     assert summary["weight_pulls"] >= 1 and summary["weight_pull_checksum_ok"] is True
     assert summary["runs_lost"] == 0 and summary["runs_finished"] >= 3 * 2 * 4
-    assert summary["runs_scored"] == summary["runs_finished"]
+    assert summary["runs_scored"] == summary["runs_finished"], summary["run_statuses"]
     assert 0 <= summary["staleness_mean"] <= summary["staleness_max"]
 
 

@@ -9,14 +9,14 @@ import pytest
 
 from gyre_hpc import auth
 from gyre_hpc.proxy.events import read_events
-from live_run import RunWatcher, run_live
+from live_run import AGENT_TIMEOUT, RunWatcher, run_live
 from slurm_cluster import mpirun  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow]
 
 OVERRIDES = [
     "scheduler.policy=gyre", "cluster.cells=3", "scheduler.batch_groups=2", "allocator.steps=3",
-    "agent.runs_per_group=4", "agent.turns=[2, 3]", "agent.timeout_s=120", "run.name=kvmove-ci",
+    "agent.runs_per_group=4", "agent.turns=[2, 3]", AGENT_TIMEOUT, "run.name=kvmove-ci",
     "allocator.hello_timeout_s=300", "proxy.startup_timeout_s=300", "allocator.heartbeat_timeout_s=300",
     "engine.kv_block_size=4", "engine.device_tick_s=0.02",  # calls last long enough
     # engine.kv_cache and engine.sleep_in_training: configs/local.yaml's own (both on since issue 31)
@@ -26,8 +26,8 @@ OVERRIDES = [
 class Drainer(RunWatcher):
     """Drains an engine with calls in flight while another serves, then adds it back; until a KV move is seen."""
 
-    def __init__(self, out: Path, timeout_s: float = 300.0, tries: int = 5):
-        super().__init__(out, timeout_s)
+    def __init__(self, out: Path, tries: int = 5):
+        super().__init__(out)
         self.tries = tries
         self.drains: list[dict] = []
 
@@ -62,7 +62,7 @@ def test_a_live_run_moves_kv_blocks_when_an_engine_drains_and_loses_no_run(mpiru
     assert summary["steps"] == 3 and summary["runs_lost"] == 0
     assert summary["runs_moved_kv"] >= 1, {k: summary.get(k) for k in ("runs_moved", "moves_by_kind")}
     assert summary["moves_by_kind"]["kv"] >= 1 and summary["kv_move_median_s"] > 0
-    assert summary["runs_scored"] == summary["runs_finished"]
+    assert summary["runs_scored"] == summary["runs_finished"], summary["run_statuses"]
     kv = [e for e in read_events(run_dir / "proxy-events.jsonl") if e["event"] == "move" and e["kind"] == "kv"]
     assert kv and all(e["moved_tokens"] > 0 for e in kv)  # the rest of a prefix the source never computed (a
     # request cut while it queued) is re-prefilled: reprefill_tokens is not bounded by one block here

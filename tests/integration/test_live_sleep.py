@@ -14,14 +14,14 @@ import pytest
 
 from gyre_hpc.allocator.eventlog import read_events
 from gyre_hpc.trajectory.records import read_tito
-from live_run import run_live
+from live_run import AGENT_TIMEOUT, run_live
 from slurm_cluster import mpirun  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow]
 
 OVERRIDES = [
     "cluster.cells=3", "scheduler.policy=colocate", "scheduler.batch_groups=2", "allocator.steps=4",
-    "agent.runs_per_group=4", "agent.turns=[1, 2]", "agent.timeout_s=120", "run.name=sleep",
+    "agent.runs_per_group=4", "agent.turns=[1, 2]", AGENT_TIMEOUT, "run.name=sleep",
     "allocator.hello_timeout_s=300", "proxy.startup_timeout_s=300", "train.epochs=1",
     "engine.sleep_in_training=true",
 ]

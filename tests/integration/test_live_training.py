@@ -10,14 +10,14 @@ import pytest
 
 from gyre_hpc.allocator.eventlog import read_events
 from gyre_hpc.trajectory.records import read_tito
-from live_run import run_live
+from live_run import AGENT_TIMEOUT, run_live
 from slurm_cluster import mpirun  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow]
 
 OVERRIDES = [
     "cluster.cells=3", "scheduler.policy=colocate", "scheduler.batch_groups=2", "allocator.steps=2",
-    "agent.runs_per_group=4", "agent.turns=[1, 2]", "agent.timeout_s=120", "run.name=ci",
+    "agent.runs_per_group=4", "agent.turns=[1, 2]", AGENT_TIMEOUT, "run.name=ci",
     "allocator.hello_timeout_s=300", "proxy.startup_timeout_s=300", "train.epochs=2",
     "engine.sleep_in_training=false",  # engines stop and start at each switch: this file tests that path (the
     # default since issue 31 is to sleep: test_live_sleep, test_live_gyre)
@@ -86,7 +86,7 @@ def test_no_run_is_lost_and_every_finished_run_has_a_reward(live_run):
     summary, run_dir, _ = live_run
     assert summary["runs_lost"] == 0
     assert summary["runs_finished"] >= 2 * 2 * 4
-    assert summary["runs_scored"] == summary["runs_finished"]
+    assert summary["runs_scored"] == summary["runs_finished"], summary["run_statuses"]
     outcomes = [o for f in (run_dir / "tito").glob("q*.jsonl") for o in read_tito(f).outcomes]
     assert len(outcomes) == summary["runs_finished"] and all(o.score is not None for o in outcomes)
     assert summary["reward_first"] is not None and summary["reward_last"] is not None

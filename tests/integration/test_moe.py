@@ -50,7 +50,8 @@ def test_a_wrong_expert_order_is_caught(moe_dir, monkeypatch):
     assert diff > 1e-3
 
 
-def run_one_step(rank_world: tuple[int, int], port: int, path: str, queue) -> None:
+def ep_trainer(rank_world: tuple[int, int], port: int, path: str):
+    """A trainer of the MoE model at ``path`` on this rank of an expert-parallel world of ``world`` ranks."""
     rank, world = rank_world
     torch.set_num_threads(1)
     from gyre_hpc.config import ModelConfig, TrainConfig
@@ -60,6 +61,12 @@ def run_one_step(rank_world: tuple[int, int], port: int, path: str, queue) -> No
     if world > 1:
         init_parallel(world_size=world, rank=rank, expert_parallel=world, master_port=port)
     trainer = Trainer(ModelConfig(hf_path=path), TrainConfig(lr=1e-2, expert_parallel=world), seed=0)
+    return trainer
+
+
+def run_one_step(rank_world: tuple[int, int], port: int, path: str, queue) -> None:
+    rank, world = rank_world
+    trainer = ep_trainer(rank_world, port, path)
     held = sum(1 for n, _ in trainer.model.named_parameters() if "local_experts" in n)
     tree, _ = fork_pair(GROUPS, seed=1, vocab=300)
     initial = trainer.export_weights()
@@ -97,3 +104,49 @@ def test_expert_parallel_2_matches_1_in_loss_grad_norm_and_update(moe_dir, spawn
         assert float(np.abs(after1[k] - after2[k]).max()) <= 1e-5 * scale + 1e-7, k
     moved = [k for k in after1 if "local_experts" in k and not np.array_equal(after1[k], init1[k])]
     assert moved  # the step trained experts
+
+
+def run_cell_step(rank_world: tuple[int, int], port: int, path: str, queue) -> None:
+    """The core cell's step (live/training_side.CoreTrainer) on an expert-parallel cell: whole-model gradients out
+    (``group_grads_full``), one update from them (``apply_grads``), whole-model weights back in (``load_weights``)."""
+    rank, world = rank_world
+    trainer = ep_trainer(rank_world, port, path)
+    tree, _ = fork_pair(GROUPS, seed=1, vocab=300)
+    initial = trainer.export_weights()
+    _, grads, _ = trainer.group_grads_full(tree)
+    shapes = trainer.full_shapes()
+    trainer.apply_grads({k: v.numpy() for k, v in grads.items()})
+    after = trainer.export_weights()
+    trainer.load_weights(initial)  # whole-model tensors into this rank's experts
+    back = trainer.export_weights()
+    if rank == 0:
+        queue.put(({k: v.numpy() for k, v in grads.items()}, shapes, {k: v.numpy() for k, v in after.items()},
+                   all(np.array_equal(back[k].numpy(), initial[k].numpy()) for k in initial)))
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def test_an_expert_parallel_cell_exchanges_whole_model_gradients_and_weights_as_one_worker_does(moe_dir, spawn_ranks):
+    import torch.multiprocessing as mp
+
+    from gyre_hpc.train.model import _free_port
+
+    queue = mp.get_context("spawn").Queue()
+    run_cell_step((0, 1), 0, str(moe_dir), queue)
+    grads1, shapes1, after1, _ = queue.get(timeout=60)
+    port = _free_port()
+    (grads2, shapes2, after2, round_trip), codes = spawn_ranks(
+        run_cell_step, [((r, 2), port, str(moe_dir)) for r in range(2)], timeout=300)
+    assert codes == [0, 0]
+    assert shapes2 == shapes1 and set(grads2) == set(grads1)  # every expert under its global index
+    assert set(grads1) == {k for k in shapes1}
+    for k in grads1:
+        scale = max(float(np.abs(grads1[k]).max()), 1e-12)
+        assert float(np.abs(grads1[k] - grads2[k]).max()) <= 1e-5 * scale + 1e-9, k
+    for k in after1:
+        scale = max(float(np.abs(after1[k]).max()), 1e-12)
+        assert float(np.abs(after1[k] - after2[k]).max()) <= 1e-5 * scale + 1e-7, k
+    assert round_trip

@@ -18,7 +18,8 @@ import pytest
 from live_run import launcher_env
 
 from gyre_hpc.engines import children
-from gyre_hpc.serving import ORPHAN_EXIT, PARENT_ENV
+from gyre_hpc.lifecycle.recovery import ORPHAN_EXIT
+from gyre_hpc.serving import PARENT_ENV
 
 pytestmark = [pytest.mark.slow]
 

@@ -20,8 +20,7 @@ import psutil
 import pytest
 
 from gyre_hpc.allocator.eventlog import read_events
-from gyre_hpc.resume import PREEMPTED_EXIT
-from jobs.train import RANK_LOST_EXIT
+from gyre_hpc.lifecycle.recovery import PREEMPTED_EXIT, RANK_LOST_EXIT
 from slurm_cluster import mpirun  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.slow, pytest.mark.timeout(1500)]

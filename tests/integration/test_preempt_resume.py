@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from gyre_hpc.allocator.eventlog import read_events
 from gyre_hpc.engines.weights import weights_checksum
-from gyre_hpc.resume import PREEMPTED_EXIT
+from gyre_hpc.lifecycle.recovery import PREEMPTED_EXIT
 from slurm_cluster import mpirun  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.megatron, pytest.mark.slow, pytest.mark.timeout(1500)]

@@ -23,7 +23,7 @@ def test_rank_zero_failing_before_the_cells_start_ends_the_run_with_its_reason(t
            "--set", "proxy.startup_timeout_s=0.001"]  # the proxy cannot be ready that soon: rank 0 raises
     t0 = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert done.returncode == 70, done.stderr[-3000:]  # jobs.train.ERROR_EXIT: an error, not a lost rank
+    assert done.returncode == 70, done.stderr[-3000:]  # lifecycle.recovery.ERROR_EXIT: an error, not a lost rank
     assert "rank 0 failed; ending the MPI world" in done.stderr
     assert "not ready after 0 s" in done.stderr  # the cause, from rank 0's traceback
     assert "without a summary" in done.stderr  # the launcher says where to look

@@ -1,6 +1,6 @@
 """``gyre train`` refuses what it cannot do before any rank starts, in one line, with nothing written: a resume
 whose files are incomplete (the run directory stays byte for byte as it was), an unwritable ``run.out_dir``, absurd
-geometry. A finished run has nothing to resume. (jobs/train.py ``_resumable``, gyre_hpc.resume ``check_files``.)"""
+geometry. A finished run has nothing to resume. (jobs/train.py ``_resumable``, gyre_hpc.lifecycle.resume ``check_files``.)"""
 import hashlib
 import json
 import os
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gyre_hpc import resume
+from gyre_hpc.lifecycle import resume
 from gyre_hpc.config import load_config, to_dict
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gyre_hpc import resume
+from gyre_hpc.lifecycle import resume
 from gyre_hpc.allocator.eventlog import read_events
 from gyre_hpc.config import load_config
 from gyre_hpc.slurm.sbatch import render_sbatch

@@ -6,7 +6,7 @@ finishes, and ``run.result()`` is the summary of both segments.
 
 The same for a job that reaches its time limit: nobody signals it; SLURM sends submitit's time-limit signal
 (``#SBATCH --signal=USR2@N``) to every task N seconds before the limit, which is a preemption on submitit's tasks
-(gyre_hpc.rank_signals): the ranks save and exit 75, rank 0 requeues the job, spending one of submitit's timeouts;
+(gyre_hpc.lifecycle.rank_signals): the ranks save and exit 75, rank 0 requeues the job, spending one of submitit's timeouts;
 the test follows the resumed segment to its first step, then cancels the job with ``scancel``, which is not
 requeued (a SIGTERM to a job no longer RUNNING; the USR1 test runs its resume to the end).
 

@@ -15,9 +15,11 @@ GROUPS_B = [(3, 4, [6], 0.7)]
 MODEL = dict(heads=4, kv_heads=2)
 
 
-def core_step(rank: int, world: int, tp: int, meet: str, remote: dict | None, ckpt: str | None, queue) -> None:
+def core_step(rank: int, world: int, tp: int, meet: str, remote: dict | None, ckpt: str | None, sharded: bool,
+              queue) -> None:
     """One core step on this rank of a ``world``-worker cell with TP ``tp``: group A here (and group B here too,
-    or ``remote``: group B's (z, loss, whole-model gradients) from a satellite); then a checkpoint into ``ckpt``."""
+    or ``remote``: group B's (z, loss, whole-model gradients) from a satellite); then a checkpoint into ``ckpt``.
+    ``sharded``: the AdamW moments sharded over the data-parallel replicas (``train.distributed_optimizer``)."""
     import torch
 
     torch.set_num_threads(1)
@@ -31,7 +33,8 @@ def core_step(rank: int, world: int, tp: int, meet: str, remote: dict | None, ck
         init_parallel(world_size=world, rank=rank, tensor_parallel=tp, store=dist.FileStore(meet, world))
     else:
         init_parallel()
-    trainer = Trainer(ModelConfig(**MODEL), TrainConfig(lr=1e-2, micro_batch_tokens=8), seed=0)
+    trainer = Trainer(ModelConfig(**MODEL), TrainConfig(lr=1e-2, micro_batch_tokens=8, distributed_optimizer=sharded),
+                      seed=0)
     groups = [fork_pair(GROUPS_A, seed=1)[0]] + ([] if remote else [fork_pair(GROUPS_B, seed=2)[0]])
     acc, z_sum, losses = {}, 0.0, []
     for batch in groups:
@@ -58,7 +61,8 @@ def core_step(rank: int, world: int, tp: int, meet: str, remote: dict | None, ck
         trainer.save_checkpoint(ckpt)
     if rank == 0:
         queue.put({"losses": losses, "norm": norm, "after": after, "shapes": trainer.full_shapes(),
-                   "satellite": satellite, "moments": moments(trainer) if world == 1 else None})
+                   "satellite": satellite, "moments": moments(trainer) if world == 1 else None,
+                   "held": trainer.sharded.held() if trainer.sharded else None})
     if world > 1:
         import torch.distributed as dist
 
@@ -95,7 +99,7 @@ def reference():
     import torch.multiprocessing as mp
 
     queue = mp.get_context("spawn").Queue()
-    proc = mp.get_context("spawn").Process(target=core_step, args=(0, 1, 1, "", None, None, queue))
+    proc = mp.get_context("spawn").Process(target=core_step, args=(0, 1, 1, "", None, None, False, queue))
     proc.start()
     try:
         got = queue.get(timeout=600)
@@ -116,12 +120,17 @@ def assert_same_step(got: dict, ref: dict) -> None:
         assert float(np.abs(got["after"][k] - v).max()) < 1e-4, k
 
 
-@pytest.mark.parametrize("world, tp", [(2, 1), (4, 2)], ids=["dp2", "tp2xdp2"])
+@pytest.mark.parametrize("world, tp, sharded", [(2, 1, False), (4, 2, False), (4, 2, True)],
+                         ids=["dp2", "tp2xdp2", "tp2xdp2-distributed-optimizer"])
 def test_a_cell_of_workers_takes_the_step_of_one_worker_and_its_checkpoint_resumes_on_one(
-        spawn_ranks, reference, world, tp, tmp_path):
+        spawn_ranks, reference, world, tp, sharded, tmp_path):
     meet, ckpt = str(tmp_path / "store"), str(tmp_path / "ckpt")
-    got, codes = spawn_ranks(core_step, [(r, world, tp, meet, None, ckpt) for r in range(world)], timeout=600)
+    got, codes = spawn_ranks(core_step, [(r, world, tp, meet, None, ckpt, sharded) for r in range(world)],
+                             timeout=600)
     assert codes == [0] * world
+    if sharded:  # rank 0 (replica 0) holds the moments of about half its shards' elements, not all of them
+        mine, total = got["held"]
+        assert 0.3 * total < mine < 0.7 * total, got["held"]
     assert got["shapes"] == reference["shapes"]  # whole-model shapes, whatever the layout
     assert_same_step(got, reference)
     resumed, codes = spawn_ranks(resume_alone, [(ckpt,)], timeout=600)  # another layout: one worker
@@ -134,7 +143,7 @@ def test_a_cell_of_workers_takes_the_step_of_one_worker_and_its_checkpoint_resum
 
 def test_a_core_under_tp2_sums_a_one_worker_satellites_gradients_exactly(spawn_ranks, reference, tmp_path):
     meet = str(tmp_path / "store")
-    got, codes = spawn_ranks(core_step, [(r, 2, 2, meet, reference["satellite"], None) for r in range(2)],
+    got, codes = spawn_ranks(core_step, [(r, 2, 2, meet, reference["satellite"], None, False) for r in range(2)],
                              timeout=600)
     assert codes == [0, 0]
     assert_same_step(got, reference)

@@ -190,7 +190,8 @@ def test_checkpoint_round_trip_continues_training_identically(make_trainer, tmp_
     a = make_trainer()
     a.step(tree)
     path = a.save_checkpoint(tmp_path / "ckpt")
-    assert json.loads((path / "meta.json").read_text()) == {"version": 1, "tensor_parallel": 1, "world_size": 1}
+    assert json.loads((path / "meta.json").read_text()) == {"version": 1, "tensor_parallel": 1, "world_size": 1,
+                                                           "distributed_optimizer": False, "expert_parallel": 1}
     next_a = a.step(flat)["loss"]
     b = make_trainer(seed=5)
     b.load_checkpoint(path)

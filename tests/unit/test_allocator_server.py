@@ -110,7 +110,7 @@ def test_a_resume_starts_the_queries_in_flight_at_its_first_decision_even_with_h
     """Fixed batches of 4 and a window of one batch: 2 groups are held for their batch (in flight to the policy),
     2 queries of it were in flight at the preemption. The policy alone admits whole batches within the window, so
     it would never admit them (the run waited forever); the server starts them first (``readmit``)."""
-    from gyre_hpc import resume
+    from gyre_hpc.lifecycle import resume
 
     sched = dataclasses.replace(SCHED, max_window_batches=1.0)
     w = World(tmp_path, "async", cells=3, sched=sched).attach()

@@ -24,10 +24,10 @@ ROOT_OK = {
     *(f"gyre_hpc/live/rank.py:{f}" for f in ("check_resume_config", "run_rank", "_shared_initial_model",
                                              "_last_event_t", "_role")),
     "gyre_hpc/live/root.py:run_root",
-    "gyre_hpc/live/root.py:_load_resume",  # checks the resume state against the config (allocator.steps)
+    "gyre_hpc/live/root_files.py:load_resume",  # checks the resume state against the config (allocator.steps)
     # the run directory's config file holds the whole (resolved) config
     *(f"gyre_hpc/rundir.py:RunDir.{f}" for f in ("write_config", "keep_config")),
-    "gyre_hpc/live/root.py:_summary",  # the run's summary names the policy, the engine, the events file
+    "gyre_hpc/live/root_files.py:summary",  # the run's summary names the policy, the engine, the events file
     # the run's initial model: model + run.seed in, a config with model.hf_path (and engine.model_path) out
     *(f"gyre_hpc/models/run_init.py:{f}" for f in ("init_args", "materialise", "prepare", "for_run")),
     # the sbatch script and the submitit parameters render the whole config

@@ -1,4 +1,4 @@
-"""gyre_hpc.early_signals: from ``arm()`` on, a preemption signal is noted instead of ending the process; ranks
+"""gyre_hpc.lifecycle.early_signals: from ``arm()`` on, a preemption signal is noted instead of ending the process; ranks
 that ``gyre train`` launched are left with the default action."""
 import os
 import signal
@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
 import os, signal, sys
-from gyre_hpc import early_signals
+from gyre_hpc.lifecycle import early_signals
 armed = early_signals.arm()
 os.kill(os.getpid(), signal.SIGTERM)
 os.kill(os.getpid(), signal.SIGUSR1)

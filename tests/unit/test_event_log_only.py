@@ -16,7 +16,7 @@ ALLOWED = {
     "gyre_hpc/engines/launch.py:spawn_ready",  # an engine process's stdout and stderr (engineN.log)
     "gyre_hpc/live/launch.py:launch",  # mpirun's output (mpirun.log)
     "gyre_hpc/live/rank.py:_traceback_on_signal",  # faulthandler's stack dumps (traces/rankN.txt)
-    "gyre_hpc/live/root.py:run_root.on_step",  # the step records (metrics.jsonl)
+    "gyre_hpc/live/root.py:RootRun.on_step",  # the step records (metrics.jsonl)
     "gyre_hpc/live/rollouts.py:Rollouts._record",  # one line per finished group (groups.jsonl)
     "jobs/train.py:_sync.on_step",  # the synchronous loop's step records (metrics.jsonl)
 }

@@ -6,7 +6,8 @@ import json
 
 from gyre_hpc.allocator.eventlog import read_events
 from gyre_hpc.config import load_config
-from jobs.train import RANK_LOST_EXIT, _failed
+from gyre_hpc.lifecycle.recovery import RANK_LOST_EXIT
+from jobs.train import _failed
 
 
 def events(run_dir, *records):

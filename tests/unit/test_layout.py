@@ -178,9 +178,11 @@ def test_preflight_passes_a_fitting_layout_and_gives_its_world():
         preflight(cfg, nodes=("a", "b", "c", "d"))
 
 
-def test_preflight_refuses_expert_parallel_in_a_live_run_naming_the_key():
+def test_preflight_takes_expert_parallel_only_as_a_whole_cell_naming_the_key_otherwise():
     from gyre_hpc.slurm.layout import preflight
 
-    cfg = live(**{"model.experts": 4, "model.experts_topk": 2, "model.moe_ffn": 32, "train.expert_parallel": 2})
-    with pytest.raises(LayoutError, match=r"^train.expert_parallel=2: the live cells build no expert-parallel"):
-        preflight(cfg)
+    moe = {"model.experts": 4, "model.experts_topk": 2, "model.moe_ffn": 32, "train.expert_parallel": 2}
+    with pytest.raises(LayoutError, match=r"^train.expert_parallel=2 must equal the 1 workers of a cell"):
+        preflight(live(**moe))  # one worker per cell: no expert-parallel group to build
+    two = live(**moe, **{"cluster.workers_per_node": 2})
+    assert preflight(two).world_size == 1 + two.cluster.cells * 2

@@ -1,13 +1,14 @@
 """gyre_hpc.live.lost: what rank 0 saves when mpirun tears the job down because a rank died: the checkpoint
 of the last step it applied (held even after the core replaced checkpoints/latest), counters consistent with
-its step records, and a state ``gyre_hpc.resume.load`` accepts."""
+its step records, and a state ``gyre_hpc.lifecycle.resume.load`` accepts."""
 import json
 import os
 import signal
 
 import pytest
 
-from gyre_hpc import resume
+from gyre_hpc.lifecycle import resume
+from gyre_hpc.lifecycle.recovery import StopKind
 from gyre_hpc.errors import CheckpointError
 from gyre_hpc.io import atomic_dir
 from gyre_hpc.live import lost
@@ -83,6 +84,7 @@ def test_teardown_notes_mpiruns_sigterm_instead_of_dying():
         teardown = lost.Teardown().install()
         assert not teardown.requested
         os.kill(os.getpid(), signal.SIGTERM)
-        assert teardown.requested and teardown.reason().startswith(f"{lost.REASON}: SIGTERM")
+        assert teardown.requested and teardown.reason().kind is StopKind.RANK_LOST
+        assert teardown.reason().detail.startswith("SIGTERM")
     finally:
         signal.signal(signal.SIGTERM, previous)

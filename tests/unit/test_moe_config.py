@@ -66,3 +66,11 @@ def test_expert_parallel_is_validated_at_load():
         build(GyreConfig, {"model": moe, "cluster": {"tensor_parallel": 2}})
     with pytest.raises(ConfigError, match=r"model\.experts_topk"):
         build(GyreConfig, {"model": {**moe, "experts_topk": 5}})
+
+
+def test_the_distributed_optimizer_beside_expert_parallel_is_refused_at_load_naming_the_key():
+    moe = {"experts": 4, "qk_layernorm": True}
+    build(GyreConfig, {"model": moe, "train": {"expert_parallel": 2}})
+    build(GyreConfig, {"model": moe, "train": {"distributed_optimizer": True}})
+    with pytest.raises(ConfigError, match=r"train\.distributed_optimizer: true with expert_parallel 2"):
+        build(GyreConfig, {"model": moe, "train": {"expert_parallel": 2, "distributed_optimizer": True}})

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from gyre_hpc import resume
+from gyre_hpc.lifecycle import resume
 from gyre_hpc.allocator.eventlog import EventLog
 from gyre_hpc.allocator.policies import make_policy
 from gyre_hpc.allocator.server import AllocatorServer

@@ -1,4 +1,4 @@
-"""gyre_hpc.rank_signals: which signal means what to a rank, on which path, decided once from the environment.
+"""gyre_hpc.lifecycle.rank_signals: which signal means what to a rank, on which path, decided once from the environment.
 
 The behaviour tests run a real rank's signal set-up (``early_preemption`` and the stack-dump registration of
 gyre_hpc.live.rank) in a child process whose environment is the path's, and signal it: the time-limit signal
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gyre_hpc import rank_signals
 from gyre_hpc.errors import ConfigError
-from gyre_hpc.slurm.submit_requeue import requeue_countdown
+from gyre_hpc.lifecycle import rank_signals
+from gyre_hpc.lifecycle.recovery import requeue_countdown
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBMITIT = {"SUBMITIT_EXECUTOR": "slurm"}
@@ -82,7 +82,7 @@ def test_the_time_limit_signal_is_the_one_submitits_own_sbatch_asks_slurm_for(tm
         import os, re
         from submitit.core.job_environment import JobEnvironment
         from submitit.slurm.slurm import _make_sbatch_string
-        from gyre_hpc import rank_signals
+        from gyre_hpc.lifecycle import rank_signals
         text = _make_sbatch_string(command="true", folder=os.environ["FOLDER"], signal_delay_s=42)
         asked = re.search(r"#SBATCH --signal=(\\w+)@42", text).group(1)
         print("SIG" + asked, "SIG" + JobEnvironment.USR_SIG, rank_signals.decide({**os.environ,

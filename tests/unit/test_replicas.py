@@ -42,8 +42,8 @@ def test_visible_devices_name_the_replicas_gpus_through_the_steps_own_list():
 
 def test_an_engine_tp_that_cannot_be_served_is_refused_in_one_line_naming_the_key():
     cases = [(ClusterConfig(workers_per_node=2), EngineConfig(tp=2), "local engine has no tensor parallelism"),
-             (ClusterConfig(gpus_per_node=8), EngineConfig(kind="sglang", tp=3), "must divide the workers of one node"),
-             (ClusterConfig(workers_per_node=2), EngineConfig(kind="sglang", tp=4), "must divide")]
+             (ClusterConfig(gpus_per_node=8), EngineConfig(kind="sglang", tp=3), "does not divide the 8 workers per node"),
+             (ClusterConfig(workers_per_node=2), EngineConfig(kind="sglang", tp=4), "does not divide the 2")]
     for cluster, engine, why in cases:
         with pytest.raises(ConfigError, match=why) as err:
             replicas_per_cell(cluster, engine)

@@ -1,11 +1,11 @@
-"""gyre_hpc.resume: the resume state of a preempted run is written whole, checked on load, and restores the
+"""gyre_hpc.lifecycle.resume: the resume state of a preempted run is written whole, checked on load, and restores the
 staleness bookkeeping exactly."""
 import json
 import os
 
 import pytest
 
-from gyre_hpc import resume
+from gyre_hpc.lifecycle import resume
 from gyre_hpc.allocator.state import CellState, SchedState
 from gyre_hpc.allocator.staleness import admission_window
 from gyre_hpc.errors import CheckpointError

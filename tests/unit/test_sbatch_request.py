@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from gyre_hpc.config import load_config
-from gyre_hpc.live.preempt import REQUEST_FILE
-from gyre_hpc.preempt_request import SBATCH_ENV
+from gyre_hpc.lifecycle.recovery import REQUEST_FILE, SBATCH_ENV
 from gyre_hpc.slurm.sbatch import SCRIPTS, render_sbatch
 from test_sbatch import run_rendered_script
 

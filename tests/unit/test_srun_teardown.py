@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from gyre_hpc.clock import ManualClock
+from gyre_hpc.lifecycle.recovery import REQUEST_FILE, SBATCH_ENV, StopKind
 from gyre_hpc.live import lost
 from gyre_hpc.live.launch import LAUNCHED_ENV
-from gyre_hpc.live.preempt import REQUEST_FILE, Preemption
-from gyre_hpc.preempt_request import SBATCH_ENV
+from gyre_hpc.live.preempt import Preemption
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,8 +44,8 @@ def test_a_sigterm_with_no_request_is_srun_teardown_once_the_grace_has_passed(tm
     assert not teardown.requested  # the batch script may still be writing its request
     clock.advance(lost.REQUEST_GRACE_S / 2)
     assert teardown.requested and not preemption.poll(force=True).requested
-    assert teardown.reason() == "rank_lost: SIGTERM from srun (a rank of the step ended)"
-    assert teardown.reason().startswith(lost.REASON)  # the root's lost-rank path (no orderly shutdown, exit 69)
+    assert str(teardown.reason()) == "rank_lost: SIGTERM from srun (a rank of the step ended)"
+    assert teardown.reason().kind is StopKind.RANK_LOST  # the root's lost-rank path (no orderly shutdown, exit 69)
 
 
 def test_a_request_within_the_grace_makes_the_sigterm_a_preemption_for_good(tmp_path):

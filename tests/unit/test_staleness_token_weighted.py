@@ -8,7 +8,7 @@ report, and the window let gyre run staler than its target (issue 13).
 import json
 
 from allocator_world import SCHED
-from gyre_hpc import resume
+from gyre_hpc.lifecycle import resume
 from gyre_hpc.allocator import transitions as tr
 from gyre_hpc.allocator.live import LiveExecutor
 from gyre_hpc.allocator.messages import GroupsReady, Hello, TrainProgress

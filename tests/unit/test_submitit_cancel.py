@@ -1,8 +1,8 @@
 """On submitit's path a SIGTERM is a preemption or srun's teardown (the job still RUNNING), or ``scancel`` (the job
-COMPLETING, then CANCELLED): only the last is not requeued (gyre_hpc/slurm/submit_requeue.py, ``cancelled``)."""
+COMPLETING, then CANCELLED): only the last is not requeued (gyre_hpc/lifecycle/recovery.py, ``cancelled``)."""
 import pytest
 
-from gyre_hpc.slurm.submit_requeue import cancelled
+from gyre_hpc.lifecycle.recovery import cancelled
 
 
 @pytest.mark.parametrize("signal_name, state, expected", [

@@ -16,7 +16,7 @@ from submitit.core.job_environment import SignalHandler
 from submitit.core.utils import JobPaths
 from submitit.slurm.slurm import SlurmJobEnvironment
 
-from gyre_hpc import resume
+from gyre_hpc.lifecycle import resume
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.live import lost
 from gyre_hpc.live.rank import _last_event_t

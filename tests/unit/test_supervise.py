@@ -6,9 +6,9 @@ import json
 import pytest
 
 from gyre_hpc.errors import ConfigError
+from gyre_hpc.lifecycle import recovery
+from gyre_hpc.lifecycle.recovery import PREEMPTED_EXIT, Segment, relaunch_reason
 from gyre_hpc.live import supervise
-from gyre_hpc.live.supervise import Segment, relaunch_reason
-from gyre_hpc.resume import PREEMPTED_EXIT
 
 
 def seg(exit=69, saved=True, resume_state=True, resumed=False, preempted=False, stepped=True,
@@ -56,7 +56,7 @@ def test_without_a_new_state_the_earlier_one_is_resumed_only_if_the_segment_neve
 def test_the_exit_statuses_agree_with_the_launchers():
     from jobs.train import ERROR_EXIT, RANK_LOST_EXIT
 
-    assert set(supervise.RELAUNCH_REASONS) == {RANK_LOST_EXIT, ERROR_EXIT}
+    assert set(recovery.RELAUNCH_REASONS) == {RANK_LOST_EXIT, ERROR_EXIT}
 
 
 #: the scripted segments after which rank 0 saved a resume state (a lost rank: 69; an error: 70)
@@ -175,7 +175,7 @@ def test_a_preemption_that_comes_during_the_precheck_ends_as_preempted(tmp_path)
 
 
 def test_the_relaunch_budget_may_change_across_a_resume():
-    from gyre_hpc import resume
+    from gyre_hpc.lifecycle import resume
     from gyre_hpc.config import load_config, to_dict
 
     saved = to_dict(load_config("configs/local.yaml", []))
@@ -195,10 +195,10 @@ def test_a_segment_whose_rank_0_died_after_a_periodic_save_is_relaunched_even_af
 
 def test_only_a_periodic_save_newer_than_the_state_the_segment_resumed_from_counts():
     saved = {"event": "resume_saved", "steps_done": 3}
-    assert supervise.saved_newer([{"event": "start"}, {"event": "resume_saved", "steps_done": 1}])
-    assert supervise.saved_newer([{"event": "resumed", "steps_done": 2}, saved])
-    assert not supervise.saved_newer([{"event": "resumed", "steps_done": 3}, saved])
-    assert not supervise.saved_newer([{"event": "resumed", "steps_done": 2}, {"event": "lost_rank_saved"}])
+    assert recovery.saved_newer([{"event": "start"}, {"event": "resume_saved", "steps_done": 1}])
+    assert recovery.saved_newer([{"event": "resumed", "steps_done": 2}, saved])
+    assert not recovery.saved_newer([{"event": "resumed", "steps_done": 3}, saved])
+    assert not recovery.saved_newer([{"event": "resumed", "steps_done": 2}, {"event": "lost_rank_saved"}])
 
 
 def test_rank_0_killed_after_each_periodic_save_is_relaunched_until_the_run_finishes(tmp_path):
@@ -221,7 +221,7 @@ def test_rank_0_killed_before_any_save_ends_the_command(tmp_path):
 
 
 def test_the_periodic_save_interval_may_change_across_a_resume():
-    from gyre_hpc import resume
+    from gyre_hpc.lifecycle import resume
     from gyre_hpc.config import load_config, to_dict
 
     saved = to_dict(load_config("configs/local.yaml", []))
@@ -233,7 +233,7 @@ def test_the_periodic_save_interval_may_change_across_a_resume():
 
 def test_a_new_run_torn_down_while_it_started_is_relaunched_with_no_state_to_resume():
     fresh = seg(saved=False, resume_state=False, stepped=False, started=False)
-    assert relaunch_reason(fresh, 0, 2) == supervise.AT_START == "rank_lost_at_start"
+    assert relaunch_reason(fresh, 0, 2) == recovery.AT_START == "rank_lost_at_start"
     assert relaunch_reason(fresh, 1, 2) == "rank_lost_at_start"
 
 

@@ -178,6 +178,21 @@ def test_a_buffer_filled_bucket_by_bucket_pulls_as_the_whole_publish(pair):
     assert whole.manifest.tensors == desc.manifest.tensors
 
 
+def test_the_published_tensors_are_views_of_the_last_version_in_the_buffer(pair):
+    """``published()``: what the core writes to its weights directory after a streamed publish, without a copy."""
+    publisher, _ = pair
+    with pytest.raises(TransferError, match="nothing published"):
+        publisher.published()
+    w = model(seed=7)
+    publisher.publish_stream([(n, a.dtype, a.shape) for n, a in w.items()], iter([w]), version=1)
+    views = publisher.published()
+    assert list(views) == list(w) and all(np.array_equal(views[n], w[n]) and views[n].dtype == w[n].dtype for n in w)
+    assert all(not views[n].flags.owndata for n in w)  # into the buffer
+    w2 = model(seed=8)
+    publisher.publish(w2, version=2)
+    assert all(np.array_equal(publisher.published()[n], w2[n]) for n in w2)
+
+
 def test_a_stream_that_misses_or_repeats_a_tensor_publishes_nothing(pair):
     publisher, puller = pair
     w = model(seed=6)

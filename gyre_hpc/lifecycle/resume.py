@@ -9,7 +9,7 @@
       checkpoint/                      the core's checkpoint of that version (hard links of checkpoints/latest:
                                        weights, optimizer, version)
 
-A preempted run (SIGTERM or the preemption signal on its ranks) writes it and exits with ``PREEMPTED_EXIT``;
+A preempted run (SIGTERM or the preemption signal on its ranks) writes it and exits with ``recovery.PREEMPTED_EXIT``;
 a run started on a RUN_DIR that holds it (``gyre train CONFIG --resume RUN_DIR``, or the requeued SLURM job
 whose RUN_DIR is named after the same job id) continues from it: same step numbering, same version, same
 admission window. docs/runtime.md (Preemption and resume) describes the whole path.
@@ -44,9 +44,6 @@ from gyre_hpc.allocator.state import SchedState
 from gyre_hpc.errors import CheckpointError
 from gyre_hpc.io import atomic_dir
 
-#: exit status of every rank (and of ``gyre train``) that stopped for a preemption with its state saved;
-#: the sbatch script requeues the job on it (EX_TEMPFAIL of sysexits.h: "try again later")
-PREEMPTED_EXIT = 75
 FORMAT = 1
 DIR, STATE, CHECKPOINT = "resume", "state.json", "checkpoint"
 #: SchedState fields saved and restored: the policy version, step count and the staleness bookkeeping
