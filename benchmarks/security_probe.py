@@ -32,7 +32,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gyre_hpc import auth  # noqa: E402
+from gyre_hpc.net import auth  # noqa: E402
 from gyre_hpc.serving import RUN_PREFIXES, RUN_ROUTES  # noqa: E402
 
 WILDCARD = ("0.0.0.0", "::")

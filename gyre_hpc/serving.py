@@ -11,7 +11,7 @@ Invariants
 - An empty body reads as ``{}``; malformed JSON is the service's own typed error naming line and column.
 
 Security and limits (``make_server`` wraps every listener the same way; tests/integration/test_serving_limits.py)
-- Every request must carry the job secret (``gyre_hpc.auth``), or on the proxy a run key for its run routes
+- Every request must carry the job secret (``gyre_hpc.net.auth``), or on the proxy a run key for its run routes
   (``RUN_ROUTES``); otherwise 401 (403 for a run key outside them) before its body is read.
 - A request head not complete within ``http.header_timeout_s`` (slowloris), or a body not complete within
   ``http.body_timeout_s`` (408), closes the connection; a body over ``http.max_body_bytes`` is a 413 (by its
@@ -38,7 +38,8 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from gyre_hpc import auth, rank_signals
+from gyre_hpc import rank_signals
+from gyre_hpc.net import auth
 from gyre_hpc.clock import wait_until
 from gyre_hpc.config import HttpConfig
 from gyre_hpc.errors import ConfigError

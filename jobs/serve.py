@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from gyre_hpc import auth
+from gyre_hpc.net import auth
 from gyre_hpc.config import GyreConfig, apply_overrides, build, read_yaml, resolve_relative
 from gyre_hpc.errors import ConfigError
 from gyre_hpc.hf_config import yield_to_checkpoint
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         for run_id in runs:
             print(f"# run {run_id}: paste into the agent's shell\n{export_lines(proxy.url, secret, run_id)}")
         print(f"gyre serve ready url={proxy.url} openai={proxy.url}/runs/RUN_ID/v1 tito={out} secret={secret_file} "
-              f"(another run's key: gyre serve ... --run RUN_ID, or gyre_hpc.auth.run_key(SECRET, RUN_ID))",
+              f"(another run's key: gyre serve ... --run RUN_ID, or gyre_hpc.net.auth.run_key(SECRET, RUN_ID))",
               flush=True)
         deadline = None if args.duration_s is None else time.monotonic() + args.duration_s
         with ProxyClient(proxy.url, timeout=300.0) as client:

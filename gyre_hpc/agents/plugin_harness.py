@@ -27,7 +27,7 @@ from typing import Sequence
 
 import httpx
 
-from gyre_hpc import auth, tls
+from gyre_hpc.net import auth, tls
 from gyre_hpc.agents.harness import RunResult, _post
 from gyre_hpc.agents.plugins import Plugins, grade_run, load_plugins, run_agent, run_status
 from gyre_hpc.agents.repo_tasks import RepoTask, load_tasks, make_workspace

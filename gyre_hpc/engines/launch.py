@@ -53,7 +53,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from gyre_hpc import auth
+from gyre_hpc.net import auth
 from gyre_hpc.clock import wait_until
 from gyre_hpc.config import EngineConfig, GyreConfig, ModelConfig, RunConfig, to_dict
 from gyre_hpc.engines import children

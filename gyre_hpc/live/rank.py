@@ -114,7 +114,7 @@ def run_rank(cfg: GyreConfig, args: argparse.Namespace, preemption=None) -> int:
     from gyre_hpc.live.secret import share_job_secret
 
     with _abort_world_on_error(worlds.role.rank, run_dir):
-        share_job_secret(comm, run_dir)  # every listener of the job requires it (gyre_hpc/auth.py)
+        share_job_secret(comm, run_dir)  # every listener of the job requires it (gyre_hpc/net/auth.py)
         cfg = _shared_initial_model(loaded, run_dir, comm, transport.rank)
         try:
             return _role(cfg, args, run_dir, transport, comm, preemption, worlds)

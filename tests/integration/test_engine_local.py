@@ -11,7 +11,7 @@ import httpx
 import pytest
 import torch
 
-from gyre_hpc import auth
+from gyre_hpc.net import auth
 from gyre_hpc.config import EngineConfig, ModelConfig, TrainConfig
 from gyre_hpc.engines.client import EngineClient
 from gyre_hpc.engines.launch import free_port, on_free_port, start_local_engine

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from gyre_hpc import auth
+from gyre_hpc.net import auth
 from gyre_hpc.config import EngineConfig, ModelConfig, ProxyConfig
 from gyre_hpc.engines.launch import on_free_port, start_local_engine
 from gyre_hpc.proxy.client import ProxyClient

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from gyre_hpc import auth
+from gyre_hpc.net import auth
 from gyre_hpc.config import HttpConfig, ProxyConfig
 from gyre_hpc.engines.launch import on_free_port
 from gyre_hpc.proxy.launch import start_proxy
