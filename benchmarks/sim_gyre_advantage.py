@@ -48,7 +48,7 @@ from gyre_hpc.allocator.sim.tune import SPACE, tune  # noqa: E402
 from gyre_hpc.allocator.sim.workload import Workload  # noqa: E402
 from gyre_hpc.allocator.staleness import comparable  # noqa: E402
 from gyre_hpc.config import overlay_overrides  # noqa: E402
-from gyre_hpc.io import atomic_write_text  # noqa: E402
+from gyre_hpc.files.io import atomic_write_text  # noqa: E402
 
 POLICIES = ("gyre", "colocate", "async")
 TRACE = "tests/unit/data/live_genbound_load/gyre-t1"

@@ -148,7 +148,7 @@ class ModelConfig:
     """The policy model: a megatron-core ``GPTModel`` (local layer spec), sized for the CPU by default.
 
     With ``hf_path`` set, every architecture field is the one its config.json describes
-    (``gyre_hpc.hf_config``); a field given another non-default value is an error, and the weights come
+    (``gyre_hpc.files.hf_config``); a field given another non-default value is an error, and the weights come
     from its safetensors."""
 
     hf_path: str | None = param(
@@ -197,7 +197,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.hf_path is not None:
-            from gyre_hpc.hf_config import resolve_fields
+            from gyre_hpc.files.hf_config import resolve_fields
 
             for key, value in resolve_fields(self).items():
                 object.__setattr__(self, key, value)

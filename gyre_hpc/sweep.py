@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 
 from gyre_hpc.config import explain, load_config
 from gyre_hpc.errors import ConfigError
-from gyre_hpc.io import atomic_write_text
+from gyre_hpc.files.io import atomic_write_text
 
 COMPLETED = "COMPLETED"
 #: columns every result row starts with (then the axes, then the metrics, then ``error``)

@@ -36,7 +36,7 @@ from pathlib import Path
 from gyre_hpc.net import auth
 from gyre_hpc.config import GyreConfig, apply_overrides, build, read_yaml, resolve_relative
 from gyre_hpc.errors import ConfigError
-from gyre_hpc.hf_config import yield_to_checkpoint
+from gyre_hpc.files.hf_config import yield_to_checkpoint
 from jobs import add_overrides
 
 #: the run whose lines are printed when no --run is given (a newcomer's first agent)

@@ -22,7 +22,7 @@ import yaml
 
 from gyre_hpc.config import load_config, to_dict
 from gyre_hpc.errors import GyreError, LayoutError
-from gyre_hpc.io import atomic_write_text, make_run_dir
+from gyre_hpc.files.io import atomic_write_text, make_run_dir
 from gyre_hpc.slurm.sbatch import render_sbatch
 from jobs import add_overrides
 

@@ -21,7 +21,7 @@ import yaml
 
 from gyre_hpc.config import to_dict
 from gyre_hpc.errors import ConfigError
-from gyre_hpc.io import atomic_write_text
+from gyre_hpc.files.io import atomic_write_text
 from gyre_hpc.sweep import (counts, expand, load_elements, markdown_table, metric_columns, parse_grid, result_rows,
                             write_results)
 from gyre_hpc.slurm.layout import preflight

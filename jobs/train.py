@@ -37,7 +37,7 @@ import yaml
 
 from gyre_hpc.config import load_config, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
-from gyre_hpc.io import atomic_write_json, atomic_write_text, make_run_dir
+from gyre_hpc.files.io import atomic_write_json, atomic_write_text, make_run_dir
 from gyre_hpc.models import run_init
 from gyre_hpc.live.launch import launch, rank_command
 from gyre_hpc.live.rank import check_resume_config, early_preemption, print_summary, run_rank

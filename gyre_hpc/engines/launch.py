@@ -60,7 +60,7 @@ from gyre_hpc.engines import children
 from gyre_hpc.engines.children import ignore_preemption_signal  # noqa: F401  (re-exported)
 from gyre_hpc.engines.client import EngineClient
 from gyre_hpc.errors import EngineError
-from gyre_hpc.io import atomic_write_text
+from gyre_hpc.files.io import atomic_write_text
 
 
 #: torch.distributed rendezvous variables a launched engine does not inherit.

@@ -33,7 +33,7 @@ from pathlib import Path
 from gyre_hpc.net import listen
 from gyre_hpc.clock import WallClock
 from gyre_hpc.errors import ConfigError
-from gyre_hpc.io import atomic_write_text
+from gyre_hpc.files.io import atomic_write_text
 from gyre_hpc.live import bind_local
 from gyre_hpc.openmpi import LOCAL_EXPORTS, SINGLE_HOST_EXPORTS
 

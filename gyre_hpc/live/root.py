@@ -47,7 +47,7 @@ from gyre_hpc.allocator.sim.replay import live_prediction
 from gyre_hpc.allocator.types import Role
 from gyre_hpc.config import GyreConfig, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
-from gyre_hpc.io import atomic_write_json, atomic_write_text
+from gyre_hpc.files.io import atomic_write_json, atomic_write_text
 from gyre_hpc.live import dataloss, lost, periodic, preempt
 from gyre_hpc.live.hub import Hub
 from gyre_hpc.live.rollouts import Rollouts

@@ -51,7 +51,7 @@ from typing import Callable
 from gyre_hpc import resume
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.errors import GyreError
-from gyre_hpc.io import atomic_write_json
+from gyre_hpc.files.io import atomic_write_json
 from gyre_hpc.live.lost import RANK_LOST_EXIT
 from gyre_hpc.live.periodic import EVENT as PERIODIC_EVENT
 from gyre_hpc.resume import PREEMPTED_EXIT

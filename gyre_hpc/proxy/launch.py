@@ -14,7 +14,7 @@ import yaml
 
 from gyre_hpc.config import GyreConfig, ProxyConfig, to_dict
 from gyre_hpc.engines.launch import EngineHandle as ProcessHandle, scratch_dir, spawn_ready
-from gyre_hpc.io import atomic_write_text
+from gyre_hpc.files.io import atomic_write_text
 
 __all__ = ["ProcessHandle", "start_proxy"]
 

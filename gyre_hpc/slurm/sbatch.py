@@ -231,7 +231,7 @@ def _requeue(s, config_path: str) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m gyre_hpc.slurm.sbatch --write``: regenerate the checked-in scripts of ``SCRIPTS``."""
     from gyre_hpc.config import load_config
-    from gyre_hpc.io import atomic_write_text
+    from gyre_hpc.files.io import atomic_write_text
 
     p = argparse.ArgumentParser(prog="python -m gyre_hpc.slurm.sbatch", description=main.__doc__)
     p.add_argument("--write", action="store_true", help="write the scripts (default: list them)")

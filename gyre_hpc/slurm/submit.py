@@ -32,7 +32,7 @@ import yaml
 from gyre_hpc.clock import wait_until
 from gyre_hpc.config import load_config, to_dict
 from gyre_hpc.errors import ConfigError, GyreError
-from gyre_hpc.io import atomic_write_text, make_run_dir
+from gyre_hpc.files.io import atomic_write_text, make_run_dir
 from gyre_hpc.slurm import jobspec
 from gyre_hpc.sweep import error_tail
 

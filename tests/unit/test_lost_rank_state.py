@@ -9,7 +9,7 @@ import pytest
 
 from gyre_hpc import resume
 from gyre_hpc.errors import CheckpointError
-from gyre_hpc.io import atomic_dir
+from gyre_hpc.files.io import atomic_dir
 from gyre_hpc.live import lost
 
 

@@ -56,7 +56,7 @@ from gyre_hpc.allocator.sim.engine_load import Curve, LoadSeries, calls_by_run, 
 from gyre_hpc.allocator.sim.workload import Workload
 from gyre_hpc.config import GyreConfig, apply_overrides, build, read_yaml, to_dict
 from gyre_hpc.errors import ConfigError, GyreError, SchedulingError, WorkloadError
-from gyre_hpc.jsonl import read_objects
+from gyre_hpc.files.jsonl import read_objects
 
 UNBOUNDED = 1e12  # sim.half_load / kv_slots_per_cell: measured durations already hold the live load
 PULL_BYTES_PER_S = 1e9

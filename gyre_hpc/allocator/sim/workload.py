@@ -44,7 +44,7 @@ import numpy as np
 
 from gyre_hpc.config import SimConfig, WorkloadConfig
 from gyre_hpc.errors import WorkloadError
-from gyre_hpc.jsonl import read_objects
+from gyre_hpc.files.jsonl import read_objects
 
 
 @dataclass(frozen=True)
