@@ -843,7 +843,7 @@ class SlurmConfig:
                                        "loopback-only TCP settings. Never on a production cluster.")
 
     def check(self) -> None:
-        from gyre_hpc.slurm_options import check_slurm  # stdlib only: the formats sit below config
+        from gyre_hpc.launcher.slurm_options import check_slurm  # stdlib only: the formats sit below config
 
         check_slurm(self)
 

@@ -35,7 +35,7 @@ from gyre_hpc.clock import WallClock
 from gyre_hpc.errors import ConfigError
 from gyre_hpc.files.io import atomic_write_text
 from gyre_hpc.live import bind_local
-from gyre_hpc.openmpi import LOCAL_EXPORTS, SINGLE_HOST_EXPORTS
+from gyre_hpc.launcher.openmpi import LOCAL_EXPORTS, SINGLE_HOST_EXPORTS
 
 #: set by ``gyre train`` for the ranks it launches: they learn of a preemption from RUN_DIR/preempt.request,
 #: never from a signal (a signal from mpirun means it is tearing the job down: a rank was lost)

@@ -31,7 +31,7 @@ from typing import Any
 from gyre_hpc.net import listen
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.slurm.layout import local_nodes, plan
-from gyre_hpc.slurm_options import parse_signal, time_seconds
+from gyre_hpc.launcher.slurm_options import parse_signal, time_seconds
 from gyre_hpc.slurm.sbatch import LOCAL_EXPORTS, node_count
 
 

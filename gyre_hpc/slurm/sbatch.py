@@ -55,11 +55,11 @@ from typing import Sequence
 
 from gyre_hpc.net import listen
 from gyre_hpc.config import GyreConfig
-from gyre_hpc.openmpi import LOCAL_EXPORTS
+from gyre_hpc.launcher.openmpi import LOCAL_EXPORTS
 from gyre_hpc.preempt_request import REQUEST_FILE, SBATCH_ENV
 from gyre_hpc.resume import PREEMPTED_EXIT
 from gyre_hpc.slurm.layout import local_nodes, plan
-from gyre_hpc.slurm_options import parse_signal
+from gyre_hpc.launcher.slurm_options import parse_signal
 
 #: exit status of a job that lost a rank (live/lost.py's RANK_LOST_EXIT; this core module does not import live/)
 RANK_LOST_EXIT = 69

@@ -17,7 +17,7 @@ from slurm_cluster import local_slurm  # noqa: F401  (fixture)
 from gyre_hpc.net.listen import batch_lines
 from gyre_hpc.live import bind_local
 from gyre_hpc.live.launch import mpirun_env
-from gyre_hpc.openmpi import LOCAL_EXPORTS
+from gyre_hpc.launcher.openmpi import LOCAL_EXPORTS
 
 WILDCARD = {"0.0.0.0", "::"}
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
