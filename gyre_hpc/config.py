@@ -24,7 +24,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 import yaml
 
-from gyre_hpc.net import listen
+from gyre_hpc.launcher import listen
 from gyre_hpc.errors import ConfigError, FieldError, require
 
 

@@ -30,7 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gyre_hpc.net import listen
+from gyre_hpc.launcher import listen
 from gyre_hpc.clock import WallClock
 from gyre_hpc.errors import ConfigError
 from gyre_hpc.files.io import atomic_write_text

@@ -30,7 +30,7 @@ Invariants
 - The srun flags are ``Layout.control_srun_args()`` with the node list computed at run time, so the script and
   the ranks' own placement check agree.
 - Open MPI loopback settings appear only when ``slurm.local_cluster`` is true.
-- The bind shim's lines (``gyre_hpc.net.listen.batch_lines``) appear only when ``cluster.listen_interface`` names an
+- The bind shim's lines (``gyre_hpc.launcher.listen.batch_lines``) appear only when ``cluster.listen_interface`` names an
   interface, or is null with ``slurm.local_cluster`` true (then ``lo``).
 - The script requeues itself only when ``slurm.requeue`` is true and ``slurm.max_requeues`` > 0, only on the
   preempted exit status (``gyre_hpc.resume.PREEMPTED_EXIT``) or a resume state the step wrote, never after a
@@ -53,7 +53,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from gyre_hpc.net import listen
+from gyre_hpc.launcher import listen
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.launcher.openmpi import LOCAL_EXPORTS
 from gyre_hpc.preempt_request import REQUEST_FILE, SBATCH_ENV

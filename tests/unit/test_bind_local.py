@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gyre_hpc.errors import ConfigError
-from gyre_hpc.net.listen import ENV
+from gyre_hpc.launcher.listen import ENV
 from gyre_hpc.live import bind_local
 from gyre_hpc.live.launch import mpirun_env
 
