@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gyre_hpc.net import auth  # noqa: E402
-from gyre_hpc.serving import RUN_PREFIXES, RUN_ROUTES  # noqa: E402
+from gyre_hpc.net.serving import RUN_PREFIXES, RUN_ROUTES  # noqa: E402
 
 WILDCARD = ("0.0.0.0", "::")
 
@@ -116,7 +116,7 @@ def probe_service(client: httpx.Client, url: str, role: str, secret: str, result
             result["open_without_secret"].append(name)
         if status(method, path, wrong) not in (401, None):
             result["open_with_wrong_secret"].append(name)
-        run_route = path in RUN_ROUTES or path.startswith(RUN_PREFIXES)  # a run key's own (gyre_hpc/serving.py)
+        run_route = path in RUN_ROUTES or path.startswith(RUN_PREFIXES)  # a run key's own (gyre_hpc/net/serving.py)
         if role == "proxy" and not run_route and status(method, path, run_key) not in (403, None):
             result["admin_open_to_run_key"].append(name)
 

@@ -313,7 +313,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class HttpConfig:
-    """Limits every HTTP listener of a job enforces (gyre_hpc/serving.py): slow, huge or hostile requests."""
+    """Limits every HTTP listener of a job enforces (gyre_hpc/net/serving.py): slow, huge or hostile requests."""
 
     header_timeout_s: float = param(10.0, "A connection must send a complete request head within this; else closed.")
     body_timeout_s: float = param(30.0, "A request must send its whole body within this; else 408.")

@@ -15,7 +15,7 @@ For evaluating or debugging an agent against the current policy::
 
 A run's TITO is complete for ``read_tito`` once its outcome is posted (``POST /tito/outcome``); calls of runs
 without an outcome are in the file too (``gyre trajectory stats`` names them). A key this server did not make
-(another server's, a stale one) is a 401 whose message says how to get one (gyre_hpc.serving).
+(another server's, a stale one) is a 401 whose message says how to get one (gyre_hpc.net.serving).
 
 Invariants (tests/integration/test_serve.py)
 - Every printed key is ``auth.run_key(secret, RUN)`` for the secret in DIR/job.secret, and every export line

@@ -46,7 +46,7 @@ from gyre_hpc.engines.scheduler import Scheduler
 from gyre_hpc.engines.weight_routes import add_weight_routes
 from gyre_hpc.engines.weights import load_weights_dir
 from gyre_hpc.errors import ConfigError, EngineError, GyreError
-from gyre_hpc.serving import answer_unless_hung_up, make_server, read_json, serve_announced
+from gyre_hpc.net.serving import answer_unless_hung_up, make_server, read_json, serve_announced
 
 ENGINE_VERSION = "gyre-local-1"
 HEALTH_TIMEOUT_S = 20.0

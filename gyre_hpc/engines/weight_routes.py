@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse
 
 from gyre_hpc.engines import protocol as P
 from gyre_hpc.errors import CheckpointError, EngineError
-from gyre_hpc.serving import read_json
+from gyre_hpc.net.serving import read_json
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 
