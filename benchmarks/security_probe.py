@@ -42,7 +42,7 @@ def _role(proc: psutil.Process) -> str:
     if proc.name() in ("mpirun", "orterun", "orted", "prterun", "prted"):
         return "mpirun"
     cmd = " ".join(proc.cmdline())
-    for key, role in (("gyre_hpc.engines.local", "engine"), ("sglang.launch_server", "engine"),
+    for key, role in (("gyre_hpc.localengine.server", "engine"), ("sglang.launch_server", "engine"),
                       ("gyre_hpc.proxy.server", "proxy"), ("gyre_hpc.cli train", "rank")):
         if key in cmd:
             return role

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from gyre_hpc.engines import protocol as P
-from gyre_hpc.engines.sampling import kept_mask, log_softmax, sample
+from gyre_hpc.localengine.sampling import kept_mask, log_softmax, sample
 from gyre_hpc.errors import EngineError
 
 

@@ -5,7 +5,7 @@ import torch
 
 from gyre_hpc.config import ModelConfig
 from gyre_hpc.engines.protocol import ProtocolError
-from gyre_hpc.engines.weight_routes import parse_init_group, parse_update_distributed, to_model_names
+from gyre_hpc.localengine.weight_routes import parse_init_group, parse_update_distributed, to_model_names
 from gyre_hpc.engines.weight_sync import dtype_name, engine_tensors, hf_names
 from gyre_hpc.train.hf_weights import entries
 

@@ -8,7 +8,7 @@ weight updates) run on the same event loop between ticks, so request state is on
 States of a request: waiting → running → finished (length | stop | abort); ``retract`` moves running back to the
 front of the waiting queue with its tokens kept (and its KV blocks, with ``engine.kv_cache``).
 
-With ``engine.kv_cache`` the tick runs on a paged KV cache (``gyre_hpc.engines.paged``): a request gets its blocks
+With ``engine.kv_cache`` the tick runs on a paged KV cache (``gyre_hpc.localengine.paged``): a request gets its blocks
 when it starts running (a prefix hit counts as ``meta_info.cached_tokens``); when the pool is short the head of the
 queue waits; a weight load drops the prefix cache.
 
@@ -36,7 +36,7 @@ import numpy as np
 
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.config import EngineConfig
-from gyre_hpc.engines.policy import Policy
+from gyre_hpc.localengine.policy import Policy
 from gyre_hpc.engines.protocol import (
     GenerateRequest,
     ProtocolError,
@@ -45,7 +45,7 @@ from gyre_hpc.engines.protocol import (
     finish_stop,
     generate_response,
 )
-from gyre_hpc.engines.sampling import sample
+from gyre_hpc.localengine.sampling import sample
 from gyre_hpc.errors import EngineError
 
 
@@ -81,7 +81,7 @@ class Scheduler:
         self._seeds = np.random.SeedSequence(seed)
         self.generated_tokens = 0
         self.forward_calls = 0
-        # engine.kv_cache: decode on a paged KV cache (gyre_hpc.engines.paged); None = recompute every tick
+        # engine.kv_cache: decode on a paged KV cache (gyre_hpc.localengine.paged); None = recompute every tick
         self.kv = (policy.paged(cfg.kv_block_size, cfg.kv_pool_tokens, cfg.kv_prefill_chunk)
                    if cfg.kv_cache else None)
 
@@ -233,7 +233,7 @@ class Scheduler:
 
     def _admit_kv(self, r: _Running) -> bool:
         """Give ``r`` its KV blocks (prefix hit + room for its whole length); False when the pool is short."""
-        from gyre_hpc.engines.kvcache import KVPoolFull
+        from gyre_hpc.localengine.kvcache import KVPoolFull
 
         try:
             r.cached_tokens = self.kv.admit(r.req.rid, r.tokens(), len(r.req.input_ids) + r.max_new, self.version)

@@ -89,7 +89,7 @@ class MegatronPolicy:
 
     def paged(self, block_size: int, pool_tokens: int, prefill_chunk: int = 1024):
         """A ``PagedDecoder`` over this model's live parameters (weight loads are seen by it)."""
-        from gyre_hpc.engines.paged import PagedDecoder
+        from gyre_hpc.localengine.paged import PagedDecoder
 
         return PagedDecoder(self.model, self.vocab_size, block_size, pool_tokens, prefill_chunk)
 
