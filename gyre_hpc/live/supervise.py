@@ -69,7 +69,7 @@ EVENT = "relaunched"
 
 
 @dataclass(frozen=True)
-class Segment:
+class LaunchSegment:
     """How one launch of the run ended, as the supervisor sees it."""
 
     exit: int  # the launcher's exit status for it (69 rank lost, 70 error, 75 preempted, 0, 2, ...)
@@ -87,7 +87,7 @@ class Segment:
         return not (self.started or self.saved or self.checkpointed)
 
 
-def relaunch_reason(seg: Segment, done: int, max_relaunches: int) -> str | None:
+def relaunch_reason(seg: LaunchSegment, done: int, max_relaunches: int) -> str | None:
     """Why ``seg`` is relaunched (``rank_lost``, ``error``, ``rank_lost_at_start``), or None: it is not, after
     ``done`` relaunches."""
     if seg.preempted or seg.exit not in RELAUNCH_REASONS or done >= max_relaunches:
@@ -110,11 +110,11 @@ def events_of(path: Path) -> list[dict]:
         return []
 
 
-def segment(run_dir: Path, events_path: Path, code: int, before: int, preempted: bool) -> Segment:
+def segment(run_dir: Path, events_path: Path, code: int, before: int, preempted: bool) -> LaunchSegment:
     """The outcome of the segment that wrote the events after the first ``before`` ones and ended with ``code``."""
     events = events_of(events_path)[before:]
     kinds = [e["event"] for e in events]
-    return Segment(exit=code, saved="lost_rank_saved" in kinds, resume_state=resume.exists(run_dir),
+    return LaunchSegment(exit=code, saved="lost_rank_saved" in kinds, resume_state=resume.exists(run_dir),
                    resumed="resumed" in kinds, preempted=preempted, stepped="step" in kinds,
                    checkpointed=saved_newer(events), started=started(kinds))
 

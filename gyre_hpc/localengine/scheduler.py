@@ -1,7 +1,7 @@
 """Continuous batching for the local engine: one asyncio loop owns every request; the model runs in a thread.
 
 Each decode tick admits waiting requests (FIFO) up to ``max_running_requests``, runs ONE forward over all running
-requests (``Policy.next_token_logits``, padded, causal), samples one token for each, and finishes those that hit
+requests (``EngineModel.next_token_logits``, padded, causal), samples one token for each, and finishes those that hit
 a stop token, EOS (neither with ignore_eos, as SGLang), or their length. HTTP handlers (abort, pause, loads,
 weight updates) run on the same event loop between ticks, so request state is only ever touched by one thread.
 
@@ -36,10 +36,10 @@ import numpy as np
 
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.config import EngineConfig
-from gyre_hpc.localengine.policy import Policy
+from gyre_hpc.localengine.policy import EngineModel
 from gyre_hpc.engines.protocol import (
     GenerateRequest,
-    ProtocolError,
+    EngineRequestError,
     finish_abort,
     finish_length,
     finish_stop,
@@ -66,7 +66,7 @@ class _Running:
 
 
 class Scheduler:
-    def __init__(self, policy: Policy, cfg: EngineConfig, seed: int = 0, clock: Clock | None = None):
+    def __init__(self, policy: EngineModel, cfg: EngineConfig, seed: int = 0, clock: Clock | None = None):
         self.policy = policy
         self.clock = clock or WallClock()  # e2e latencies and the device-tick floor
         self.cfg = cfg
@@ -89,13 +89,13 @@ class Scheduler:
     def submit(self, req: GenerateRequest) -> asyncio.Future:
         """Queue ``req``; the future resolves to its ``/generate`` answer."""
         if req.rid in self._active:
-            raise ProtocolError("rid", f"request {req.rid!r} is already running")
+            raise EngineRequestError("rid", f"request {req.rid!r} is already running")
         if self.released:
             raise EngineError(f"engine memory released ({', '.join(sorted(self.released))}): "
                               "/resume_memory_occupation first", status=503)
         room = self.cfg.context_len - len(req.input_ids)
         if room < 1:
-            raise ProtocolError("input_ids", f"{len(req.input_ids)} tokens do not fit the context length "
+            raise EngineRequestError("input_ids", f"{len(req.input_ids)} tokens do not fit the context length "
                                              f"{self.cfg.context_len} (at least one output token)")
         if self.kv is not None:
             self.kv.check_fits(len(req.input_ids) + min(req.sampling.max_new_tokens, room))

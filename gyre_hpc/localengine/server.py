@@ -57,7 +57,7 @@ def _error(exc: Exception, status: int = 400) -> JSONResponse:
 
 
 async def _json(request: Request) -> object:
-    return await read_json(request, lambda message: P.ProtocolError("body", message))
+    return await read_json(request, lambda message: P.EngineRequestError("body", message))
 
 
 class LocalEngine:

@@ -55,7 +55,7 @@ AT_START_FAILED = RANK_LOST_EXIT
 SIGNALLED_STATUS = 128
 
 
-def step_outcome(run_dir: Path, events_path: Path, code: int) -> supervise.Segment:
+def step_outcome(run_dir: Path, events_path: Path, code: int) -> supervise.LaunchSegment:
     """How the step that started at RUN_DIR/.step-start ended, in ``live.supervise``'s terms: rank 0's own
     events of the step say whether it lost a rank (``lost_rank_saved``), was preempted (``preempted``) or never
     reached its main loop (``supervise.STARTED``); a rank's error file of the step says it raised."""
@@ -67,7 +67,7 @@ def step_outcome(run_dir: Path, events_path: Path, code: int) -> supervise.Segme
     at_start = code >= SIGNALLED_STATUS and not started and not errors_since(run_dir, start)
     lost = (code != 0 and (saved or newer or at_start) and not preempted
             and not (run_dir / "summary.json").is_file())
-    return supervise.Segment(exit=RANK_LOST_EXIT if lost else code, saved=saved, resume_state=resume.exists(run_dir),
+    return supervise.LaunchSegment(exit=RANK_LOST_EXIT if lost else code, saved=saved, resume_state=resume.exists(run_dir),
                              resumed="resumed" in kinds, preempted=preempted, checkpointed=newer, started=started)
 
 

@@ -7,13 +7,13 @@ import pytest
 
 from gyre_hpc.errors import ConfigError
 from gyre_hpc.live import supervise
-from gyre_hpc.live.supervise import Segment, relaunch_reason
+from gyre_hpc.live.supervise import LaunchSegment, relaunch_reason
 from gyre_hpc.resume import PREEMPTED_EXIT
 
 
 def seg(exit=69, saved=True, resume_state=True, resumed=False, preempted=False, stepped=True,
-        checkpointed=False, started=True) -> Segment:
-    return Segment(exit=exit, saved=saved, resume_state=resume_state, resumed=resumed, preempted=preempted,
+        checkpointed=False, started=True) -> LaunchSegment:
+    return LaunchSegment(exit=exit, saved=saved, resume_state=resume_state, resumed=resumed, preempted=preempted,
                    stepped=stepped, checkpointed=checkpointed, started=started)
 
 
