@@ -9,7 +9,7 @@ Per run (group ``g`` = query ``q{g:05d}`` = task ``tasks[g % len(tasks)]``, run 
     run_status(agent, grade)                 SCORED | TIMEOUT_PARTIAL | EVAL_FAILURE
     outcome → <out_dir>/RUN.jsonl and POST /tito/outcome; the workspace is removed
 
-It has the synthetic ``Harness``'s interface (``run_async(groups) -> [RunResult]``), so ``runtime.rollouts`` runs
+It has the synthetic ``Harness``'s interface (``run_async(groups) -> [RunResult]``), so ``live.rollouts`` runs
 either. Agents and graders run in worker threads (``asyncio.to_thread``): a run never blocks the event loop.
 
 Invariants (tests/integration/test_plugin_harness.py)

@@ -9,12 +9,12 @@
     before the orderly shutdown: cut the runs still going, read the proxy's stats
     after it: stop the proxy, read the cells' stats, replay the run in the simulator (sim_wall_s),
               write summary.json and the report PNGs
-    data loss (runtime.dataloss): each lost group is an event; above allocator.max_lost_group_share the run
+    data loss (live.dataloss): each lost group is an event; above allocator.max_lost_group_share the run
                stops in order with reason "error: data loss ..." (summary "error"; gyre train exits 2)
-    preempted (SIGTERM/SIGUSR1, runtime.preempt): no more groups or decisions; once no step is pending, the
+    preempted (SIGTERM/SIGUSR1, live.preempt): no more groups or decisions; once no step is pending, the
                resume state goes to RUN_DIR/resume and the cells get Shutdown("preempted: SIG"); no summary
     resumed (RUN_DIR/resume exists): buffer, counters and step records come back before the first decision
-    rank lost (mpirun's SIGTERM under ``gyre train``, runtime.lost): no orderly shutdown; the resume state of
+    rank lost (mpirun's SIGTERM under ``gyre train``, live.lost): no orderly shutdown; the resume state of
                what rank 0 holds goes to RUN_DIR/resume (event ``lost_rank_saved``), then exit 69
     every run.resume_every_steps steps (live/periodic.py): RUN_DIR/resume at the step just applied (event
                ``resume_saved``), so a run whose rank 0 dies is relaunched from it
@@ -78,7 +78,7 @@ class LiveServer(AllocatorServer):
         if reason is None and self.lost_groups is not None and self.lost_groups.error is not None:
             return f"error: {self.lost_groups.error}"
         if reason is None:
-            self.preemption.poll()  # the launcher's request file (runtime.preempt.REQUEST_FILE)
+            self.preemption.poll()  # the launcher's request file (live.preempt.REQUEST_FILE)
         if reason is not None or not self.preemption.requested:
             return reason
         self.hub.freeze()  # the core can finish the step already out, and no other
@@ -132,7 +132,7 @@ def run_root(cfg: GyreConfig, run_dir: Path, transport, comm,
              preemption: preempt.Preemption | None = None, teardown: lost.Teardown | None = None) -> dict:
     """Drive the live run from rank 0; returns the summary (also written to summary.json), or
     ``{"preempted": ...}`` when a preemption signal stopped it with its resume state saved, or
-    ``{"rank_lost": ...}`` when mpirun tore the job down (``teardown``, runtime.lost)."""
+    ``{"rank_lost": ...}`` when mpirun tore the job down (``teardown``, live.lost)."""
     from gyre_hpc.engines.launch import on_free_port
     from gyre_hpc.proxy.client import ProxyClient
     from gyre_hpc.proxy.launch import start_proxy
@@ -365,7 +365,7 @@ def _save_resume(run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollou
 
 def _save_lost(run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollouts, steps: list[dict],
                carry: dict, end: dict, wall_s: float) -> None:
-    """A rank is lost: RUN_DIR/resume from what rank 0 holds (runtime.lost); a failure is logged, never raised."""
+    """A rank is lost: RUN_DIR/resume from what rank 0 holds (live.lost); a failure is logged, never raised."""
     try:
         state = lost.snapshot(server, hub, rollouts, steps, carry, wall_s)
         path = lost.save(run_dir, state)

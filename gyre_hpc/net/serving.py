@@ -5,7 +5,7 @@ Invariants
   (``engines.launch``, ``proxy.launch``) wait for it before they hand out the URL.
 - A service ignores SIGUSR1, the preemption signal of a live run (on submitit's tasks the time-limit signal too:
   ``rank_signals.service_ignored``): under SLURM a signal to the step reaches every
-  process in it, and the ranks (``runtime.preempt``), not their services, decide what preemption does.
+  process in it, and the ranks (``live.preempt``), not their services, decide what preemption does.
 - A request whose caller hangs up is given up within ``DISCONNECT_POLL_S`` (its work is aborted or cancelled
   by the caller's ``on_hang_up``) and answered 499, as in SGLang.
 - An empty body reads as ``{}``; malformed JSON is the service's own typed error naming line and column.
