@@ -43,7 +43,8 @@ from gyre_hpc.engines.client import AsyncEngineClient
 from gyre_hpc.errors import EngineError
 from gyre_hpc.proxy.admin import EngineAdmin, Request
 from gyre_hpc.proxy.calls import CallRequest, CallSegment, answer, continuation, parse_call, produced, tito_call
-from gyre_hpc.proxy.events import EventLog, proxy_log
+from gyre_hpc.allocator.eventlog import EventLog
+from gyre_hpc.proxy.events import proxy_log
 from gyre_hpc.proxy.movers import MovePlan, Mover, make_mover
 from gyre_hpc.proxy.recorder import TitoRecorder, tito_file
 from gyre_hpc.proxy.routing import Engine, EngineState, NoEngineError, ProxyError, Router

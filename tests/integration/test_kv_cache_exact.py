@@ -212,7 +212,7 @@ def test_the_proxy_counts_the_engines_prefix_hits_of_a_run_that_sticks_to_its_en
     from fastapi.testclient import TestClient
 
     from gyre_hpc.config import ProxyConfig
-    from gyre_hpc.proxy.events import EventLog
+    from gyre_hpc.allocator.eventlog import EventLog
     from gyre_hpc.proxy.server import ProxyServer
     from gyre_hpc.proxy.service import ProxyService
 
