@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gyre_hpc.io import atomic_write_text
+from gyre_hpc.files.io import atomic_write_text
 
 ROUNDS = 300
 

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.live_policies import _wait, step_time  # noqa: E402
-from gyre_hpc.io import atomic_write_json, atomic_write_text  # noqa: E402
+from gyre_hpc.files.io import atomic_write_json, atomic_write_text  # noqa: E402
 
 SIDES = {"off": (False, False), "on": (True, True), "kv": (True, False), "sleep": (False, True)}
 

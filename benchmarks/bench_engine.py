@@ -21,7 +21,7 @@ import time
 from gyre_hpc.config import EngineConfig, ModelConfig
 from gyre_hpc.engines.client import AsyncEngineClient
 from gyre_hpc.engines.launch import on_free_port, start_local_engine
-from gyre_hpc.io import atomic_write_text
+from gyre_hpc.files.io import atomic_write_text
 
 
 async def run_batch(url: str, n: int, prompt_len: int, max_new: int, seed: int) -> float:

@@ -26,7 +26,7 @@ from pathlib import Path
 from gyre_hpc.config import EngineConfig, ModelConfig
 from gyre_hpc.engines.client import AsyncEngineClient
 from gyre_hpc.engines.launch import on_free_port, start_engine
-from gyre_hpc.io import atomic_write_text
+from gyre_hpc.files.io import atomic_write_text
 
 CONCURRENCY = (1, 8, 16)
 

@@ -32,9 +32,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from gyre_hpc.config import EngineConfig, ModelConfig
-    from gyre_hpc.engines.policy import MegatronPolicy
+    from gyre_hpc.localengine.policy import MegatronPolicy
     from gyre_hpc.engines.protocol import parse_generate
-    from gyre_hpc.engines.scheduler import Scheduler
+    from gyre_hpc.localengine.scheduler import Scheduler
 
     total = args.context + args.new_tokens
     model = ModelConfig(hidden=args.hidden, layers=args.layers, ffn=4 * args.hidden, max_seq_len=total + 16)

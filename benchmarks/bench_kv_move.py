@@ -40,9 +40,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from gyre_hpc.config import ModelConfig, TransferConfig
-    from gyre_hpc.engines.kvport import KVPort
-    from gyre_hpc.engines.kvprefix import bundle_from, export_prefix, import_prefix
-    from gyre_hpc.engines.policy import MegatronPolicy
+    from gyre_hpc.localengine.kvport import KVPort
+    from gyre_hpc.localengine.kvprefix import bundle_from, export_prefix, import_prefix
+    from gyre_hpc.localengine.policy import MegatronPolicy
 
     top = max(args.contexts) + 64
     model = ModelConfig(hidden=args.hidden, layers=args.layers, heads=8, ffn=4 * args.hidden, max_seq_len=top)

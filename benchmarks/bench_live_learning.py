@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from statistics import mean, median
 
-from gyre_hpc.jsonl import read_objects
+from gyre_hpc.files.jsonl import read_objects
 
 
 def parse_args() -> argparse.Namespace:

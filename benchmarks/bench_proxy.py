@@ -29,9 +29,9 @@ import time
 
 from gyre_hpc.config import EngineConfig, ModelConfig, ProxyConfig
 from gyre_hpc.engines.launch import on_free_port, start_local_engine
-from gyre_hpc.io import atomic_write_text
+from gyre_hpc.files.io import atomic_write_text
 from gyre_hpc.proxy.client import ProxyClient
-from gyre_hpc.proxy.events import read_events
+from gyre_hpc.allocator.eventlog import read_events
 from gyre_hpc.proxy.launch import start_proxy
 
 PROMPT = [5, 17, 42, 99, 3, 11, 60, 7]

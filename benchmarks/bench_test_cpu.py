@@ -10,7 +10,7 @@ mean number of busy cores: on a 2-core machine a ratio near 2 means CPU-bound (r
 cannot help), well under 1 means mostly waiting (overlapping it with CPU-bound tests would).
 
 ``--top N`` also prints the CPU seconds of the N largest kinds of process (a kind: the command line's program
-and module, e.g. ``python -m gyre_hpc.engines.local``; a live run's ranks apart: ``(rank 0)``, ``(cell rank)``), to
+and module, e.g. ``python -m gyre_hpc.localengine.server``; a live run's ranks apart: ``(rank 0)``, ``(cell rank)``), to
 see where a test's CPU goes.
 
 Only meaningful when nobody else's SLURM jobs run on the local cluster during the measurement (else --no-slurm).

@@ -212,7 +212,7 @@ def main() -> int:
 
     import torch
 
-    from gyre_hpc.io import atomic_write_json
+    from gyre_hpc.files.io import atomic_write_json
 
     cuda = torch.cuda.is_available()
     if not cuda and not args.tiny:

@@ -81,7 +81,7 @@ def main() -> int:
     import torch
 
     from gyre_hpc.config import load_config
-    from gyre_hpc.io import atomic_write_json
+    from gyre_hpc.files.io import atomic_write_json
     from gyre_hpc.train.step import Trainer
     from gyre_hpc.trajectory.pipeline import build_batch
 

@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.live_policies_report import json_summary, render  # noqa: E402
 from gyre_hpc.errors import GyreError  # noqa: E402
-from gyre_hpc.io import atomic_write_json  # noqa: E402
+from gyre_hpc.files.io import atomic_write_json  # noqa: E402
 from gyre_hpc.report import compare  # noqa: E402
 
 POLICIES = ("gyre", "colocate", "async")

@@ -6,7 +6,7 @@ import platform
 from pathlib import Path
 
 from gyre_hpc.allocator.staleness import MATCH_TOLERANCE, comparable
-from gyre_hpc.io import atomic_write_text
+from gyre_hpc.files.io import atomic_write_text
 from gyre_hpc.report import compare
 
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.live_policies import _wait, step_time  # noqa: E402
 from gyre_hpc.allocator.staleness import MATCH_TOLERANCE, comparable  # noqa: E402
-from gyre_hpc.io import atomic_write_json, atomic_write_text  # noqa: E402
+from gyre_hpc.files.io import atomic_write_json, atomic_write_text  # noqa: E402
 from gyre_hpc.report import compare  # noqa: E402
 
 POLICIES = ("gyre", "colocate", "async")

@@ -32,8 +32,8 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gyre_hpc import auth  # noqa: E402
-from gyre_hpc.serving import RUN_PREFIXES, RUN_ROUTES  # noqa: E402
+from gyre_hpc.net import auth  # noqa: E402
+from gyre_hpc.net.serving import RUN_PREFIXES, RUN_ROUTES  # noqa: E402
 
 WILDCARD = ("0.0.0.0", "::")
 
@@ -42,7 +42,7 @@ def _role(proc: psutil.Process) -> str:
     if proc.name() in ("mpirun", "orterun", "orted", "prterun", "prted"):
         return "mpirun"
     cmd = " ".join(proc.cmdline())
-    for key, role in (("gyre_hpc.engines.local", "engine"), ("sglang.launch_server", "engine"),
+    for key, role in (("gyre_hpc.localengine.server", "engine"), ("sglang.launch_server", "engine"),
                       ("gyre_hpc.proxy.server", "proxy"), ("gyre_hpc.cli train", "rank")):
         if key in cmd:
             return role
@@ -116,7 +116,7 @@ def probe_service(client: httpx.Client, url: str, role: str, secret: str, result
             result["open_without_secret"].append(name)
         if status(method, path, wrong) not in (401, None):
             result["open_with_wrong_secret"].append(name)
-        run_route = path in RUN_ROUTES or path.startswith(RUN_PREFIXES)  # a run key's own (gyre_hpc/serving.py)
+        run_route = path in RUN_ROUTES or path.startswith(RUN_PREFIXES)  # a run key's own (gyre_hpc/net/serving.py)
         if role == "proxy" and not run_route and status(method, path, run_key) not in (403, None):
             result["admin_open_to_run_key"].append(name)
 

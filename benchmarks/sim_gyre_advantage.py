@@ -3,7 +3,7 @@
 Usage: python benchmarks/sim_gyre_advantage.py [--trace RUN_DIR] [--overlay TUNED.yaml] [--target 1]
            [--steps 12] [--seeds 0 1 2] [--set KEY=VALUE] [--budget 24] [--knobs tuned|overlay] [--md FILE] [--png FILE] [--json]
 
-Workload: the live gyre run ``--trace`` (default: the quiet sweep's gyre-t1 run of configs/bench/live_genbound.yaml)
+SimWorkload: the live gyre run ``--trace`` (default: the quiet sweep's gyre-t1 run of configs/bench/live_genbound.yaml)
 replayed the way ``gyre simulate --trace`` does (``sim/replay.py``: durations de-loaded into nominal work, the
 emulated device's curve, ``load_model: calls``), every policy at the same ``scheduler.staleness_target``.
 
@@ -45,10 +45,10 @@ from gyre_hpc.allocator.sim.metrics import role_times, summarize  # noqa: E402
 from gyre_hpc.allocator.sim.replay import calibrate, read_run, replay_config  # noqa: E402
 from gyre_hpc.allocator.sim.simulator import Simulation  # noqa: E402
 from gyre_hpc.allocator.sim.tune import SPACE, tune  # noqa: E402
-from gyre_hpc.allocator.sim.workload import Workload  # noqa: E402
+from gyre_hpc.allocator.sim.workload import SimWorkload  # noqa: E402
 from gyre_hpc.allocator.staleness import comparable  # noqa: E402
 from gyre_hpc.config import overlay_overrides  # noqa: E402
-from gyre_hpc.io import atomic_write_text  # noqa: E402
+from gyre_hpc.files.io import atomic_write_text  # noqa: E402
 
 POLICIES = ("gyre", "colocate", "async")
 TRACE = "tests/unit/data/live_genbound_load/gyre-t1"
@@ -59,18 +59,18 @@ MARKER = "<!-- generated below by benchmarks/sim_gyre_advantage.py -->"
 
 
 # ---------------------------------------------------------------- workload transforms
-def permute(wl: Workload, seed: int) -> Workload:
+def permute(wl: SimWorkload, seed: int) -> SimWorkload:
     """The same queries in a seeded order (seed 0: unchanged)."""
     if seed == 0:
         return wl
     order = np.random.default_rng(seed).permutation(wl.queries)
     idx = np.concatenate([np.arange(wl.offsets[q], wl.offsets[q + 1]) for q in order])
     sizes = np.diff(wl.offsets)[order]
-    return Workload(wl.work_s[idx], wl.tok_per_work_s[idx], wl.train_window_s[idx],
+    return SimWorkload(wl.work_s[idx], wl.tok_per_work_s[idx], wl.train_window_s[idx],
                     np.concatenate([[0], np.cumsum(sizes)]), wl.tool_frac)
 
 
-def tail(wl: Workload, k: float) -> Workload:
+def tail(wl: SimWorkload, k: float) -> SimWorkload:
     """Run durations with their log-spread around the median scaled by ``k``, rescaled to the same mean; the
     tokens of each run kept (so training per step is unchanged); runs that never finish stay so."""
     w = wl.work_s
@@ -83,11 +83,11 @@ def tail(wl: Workload, k: float) -> Workload:
     work[fin] = new
     rate = wl.tok_per_work_s.copy()
     rate[fin] = rate[fin] * w[fin] / new
-    return Workload(work, rate, wl.train_window_s, wl.offsets, wl.tool_frac)
+    return SimWorkload(work, rate, wl.train_window_s, wl.offsets, wl.tool_frac)
 
 
 # ---------------------------------------------------------------- one simulation, instrumented
-def simulate(cfg, name: str, wl: Workload) -> dict:
+def simulate(cfg, name: str, wl: SimWorkload) -> dict:
     """``compare.simulate_policy`` plus the rollout pool's load and speed integrals (instrumentation)."""
     policy = make_policy(name, cfg.scheduler, cfg.cluster.cells)
     sim = Simulation(policy, cfg.sim, cfg.scheduler, wl, cfg.cluster.cells, cfg.workload.timeout_h * 3600.0)
@@ -145,7 +145,7 @@ class Point:
         self.base_wl = tail(cal.workload, point["tail_k"])
         self.point = point
 
-    def workload(self, seed: int) -> Workload:
+    def workload(self, seed: int) -> SimWorkload:
         return permute(self.base_wl, seed).take(queries_needed(self.cfg))
 
     def tuned(self, budget: int) -> tuple[object, dict]:
@@ -365,7 +365,7 @@ def main(argv=None) -> int:
               "breakdown": breakdown, "what_ifs": whatif, "sweeps": sweeps}
     cmd = "python benchmarks/sim_gyre_advantage.py " + " ".join(sys.argv[1:] if argv is None else argv)
     text = [f"# Simulated: where gyre's lead over async and colocate comes from ({time.strftime('%Y-%m-%d')})", "",
-            f"Command: `{cmd.strip()}` ({cpu:.0f} s CPU). Workload: `{args.trace}` replayed, overlay "
+            f"Command: `{cmd.strip()}` ({cpu:.0f} s CPU). SimWorkload: `{args.trace}` replayed, overlay "
             f"`{args.overlay}`, target E[d] {args.target:g}, {args.steps} steps, seeds {args.seeds}, knobs: "
             f"{args.knobs}" + (f" (gyre tune, budget {args.budget}, per point on seed 0)" if args.knobs == "tuned"
                                else "") + ".", "",

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from gyre_hpc.allocator.sim.compare import compare  # noqa: E402
 from gyre_hpc.allocator.staleness import comparable  # noqa: E402
 from gyre_hpc.config import load_config, overlay_overrides  # noqa: E402
-from gyre_hpc.io import atomic_write_text  # noqa: E402
+from gyre_hpc.files.io import atomic_write_text  # noqa: E402
 
 POLICIES = ("gyre", "colocate", "async", "async_streaming", "colocate_streaming")
 

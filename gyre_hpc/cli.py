@@ -3,7 +3,7 @@
 Each job module defines ``DESCRIPTION`` (the ``--help`` text), ``add_arguments(parser)``
 and ``run(args) -> int``. Job modules are imported only when their subcommand runs, so ``gyre --help`` stays
 fast and never imports torch. A ``GyreError`` becomes one line on stderr and exit status 2.
-Third-party log noise is silenced unless ``--verbose`` (``gyre_hpc/quiet.py``).
+Third-party log noise is silenced unless ``--verbose`` (``gyre_hpc/launcher/quiet.py``).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from gyre_hpc import quiet
+from gyre_hpc.launcher import quiet
 from gyre_hpc.errors import GyreError
 
 #: subcommand → job module. Order is the order ``gyre --help`` lists them.
@@ -42,7 +42,7 @@ _HELP = {
 }
 
 
-#: commands whose processes print third-party logs: they take ``--verbose`` (gyre_hpc/quiet.py)
+#: commands whose processes print third-party logs: they take ``--verbose`` (gyre_hpc/launcher/quiet.py)
 VERBOSE_COMMANDS = ("train", "submit", "sweep")
 
 

@@ -24,7 +24,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 import yaml
 
-from gyre_hpc import listen
+from gyre_hpc.launcher import listen
 from gyre_hpc.errors import ConfigError, FieldError, require
 
 
@@ -148,7 +148,7 @@ class ModelConfig:
     """The policy model: a megatron-core ``GPTModel`` (local layer spec), sized for the CPU by default.
 
     With ``hf_path`` set, every architecture field is the one its config.json describes
-    (``gyre_hpc.hf_config``); a field given another non-default value is an error, and the weights come
+    (``gyre_hpc.files.hf_config``); a field given another non-default value is an error, and the weights come
     from its safetensors."""
 
     hf_path: str | None = param(
@@ -197,7 +197,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.hf_path is not None:
-            from gyre_hpc.hf_config import resolve_fields
+            from gyre_hpc.files.hf_config import resolve_fields
 
             for key, value in resolve_fields(self).items():
                 object.__setattr__(self, key, value)
@@ -320,7 +320,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class HttpConfig:
-    """Limits every HTTP listener of a job enforces (gyre_hpc/serving.py): slow, huge or hostile requests."""
+    """Limits every HTTP listener of a job enforces (gyre_hpc/net/serving.py): slow, huge or hostile requests."""
 
     header_timeout_s: float = param(10.0, "A connection must send a complete request head within this; else closed.")
     body_timeout_s: float = param(30.0, "A request must send its whole body within this; else 408.")
@@ -850,7 +850,7 @@ class SlurmConfig:
                                        "loopback-only TCP settings. Never on a production cluster.")
 
     def check(self) -> None:
-        from gyre_hpc.slurm_options import check_slurm  # stdlib only: the formats sit below config
+        from gyre_hpc.launcher.slurm_options import check_slurm  # stdlib only: the formats sit below config
 
         check_slurm(self)
 

@@ -16,7 +16,7 @@ resolves it once at its entry (``live.rank.run_rank``) and hands it down.
 Invariants (tests/unit/test_rundir.py)
 - Every entry point creates its run directory and writes RUN_DIR/config.yaml here; nothing else writes config.yaml
   (the launcher of a resumed run writes none: the run's own config.yaml stays as the resume check reads it).
-- Atomic: config.yaml is written to a temporary sibling and renamed (``gyre_hpc.io.atomic_write_text``): a reader
+- Atomic: config.yaml is written to a temporary sibling and renamed (``gyre_hpc.files.io.atomic_write_text``): a reader
   never sees half of one, and a failed write leaves the earlier file (or none).
 - ``keep_config`` never replaces a config.yaml that is there: a rank started on a run directory another process
   prepared (a launcher, the submitter) leaves the config that was validated before the job started.
@@ -35,7 +35,7 @@ import yaml
 
 from gyre_hpc.config import GyreConfig, load_config, to_dict
 from gyre_hpc.errors import ConfigError
-from gyre_hpc.io import atomic_write_text, make_run_dir
+from gyre_hpc.files.io import atomic_write_text, make_run_dir
 
 CONFIG_FILE = "config.yaml"
 

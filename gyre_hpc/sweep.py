@@ -6,7 +6,7 @@
       parse_grid   -> (Axis("trajectory.j_max", ("1", "3", "null")), Axis("scheduler.staleness_target", ...))
       expand       -> 6 Elements, the last axis varying fastest: e0 j_max=1 target=1, e1 j_max=1 target=1.5, ...
       load_elements-> 6 frozen configs, each checked like a file (before anything is submitted)
-      ... the edge (gyre_hpc.slurm.submit_sweep) runs them and collects one Outcome per element ...
+      ... the edge (gyre_hpc.slurm.submit_sweep) runs them and collects one ElementOutcome per element ...
       result_rows  -> one row per element: element, axis values, status, metrics, error
       write_results-> results.csv and results.md
 
@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 
 from gyre_hpc.config import explain, load_config
 from gyre_hpc.errors import ConfigError
-from gyre_hpc.io import atomic_write_text
+from gyre_hpc.files.io import atomic_write_text
 
 COMPLETED = "COMPLETED"
 #: columns every result row starts with (then the axes, then the metrics, then ``error``)
@@ -66,7 +66,7 @@ class Element:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ElementOutcome:
     """What the edge learned about one element: its end state, its result row (metrics) or error text."""
 
     status: str
@@ -159,7 +159,7 @@ def error_tail(text: str, lines: int = 3, width: int = 400) -> str:
     return " / ".join(kept)[-width:]
 
 
-def result_rows(elements: Sequence[Element], outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
+def result_rows(elements: Sequence[Element], outcomes: Sequence[ElementOutcome]) -> list[dict[str, Any]]:
     if len(elements) != len(outcomes):
         raise ValueError(f"{len(elements)} elements but {len(outcomes)} outcomes")
     rows = []
@@ -188,7 +188,7 @@ def markdown_table(rows: Sequence[dict[str, Any]], cols: Sequence[str] | None = 
     return "\n".join(lines) + "\n"
 
 
-def counts(outcomes: Sequence[Outcome]) -> dict[str, int]:
+def counts(outcomes: Sequence[ElementOutcome]) -> dict[str, int]:
     done = sum(o.status == COMPLETED for o in outcomes)
     return {"completed": done, "failed": len(outcomes) - done}
 

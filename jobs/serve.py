@@ -15,7 +15,7 @@ For evaluating or debugging an agent against the current policy::
 
 A run's TITO is complete for ``read_tito`` once its outcome is posted (``POST /tito/outcome``); calls of runs
 without an outcome are in the file too (``gyre trajectory stats`` names them). A key this server did not make
-(another server's, a stale one) is a 401 whose message says how to get one (gyre_hpc.serving).
+(another server's, a stale one) is a 401 whose message says how to get one (gyre_hpc.net.serving).
 
 Invariants (tests/integration/test_serve.py)
 - Every printed key is ``auth.run_key(secret, RUN)`` for the secret in DIR/job.secret, and every export line
@@ -32,11 +32,11 @@ import threading
 import sys
 from pathlib import Path
 
-from gyre_hpc import auth
+from gyre_hpc.net import auth
 from gyre_hpc.clock import WallClock
 from gyre_hpc.config import GyreConfig, ProxyConfig, apply_overrides, build, read_yaml, resolve_relative
 from gyre_hpc.errors import ConfigError
-from gyre_hpc.hf_config import yield_to_checkpoint
+from gyre_hpc.files.hf_config import yield_to_checkpoint
 from gyre_hpc.models import run_init
 from gyre_hpc.rundir import RunDir
 from jobs import add_overrides
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         for run_id in runs:
             print(f"# run {run_id}: paste into the agent's shell\n{export_lines(proxy.url, secret, run_id)}")
         print(f"gyre serve ready url={proxy.url} openai={proxy.url}/runs/RUN_ID/v1 tito={out} secret={secret_file} "
-              f"(another run's key: gyre serve ... --run RUN_ID, or gyre_hpc.auth.run_key(SECRET, RUN_ID))",
+              f"(another run's key: gyre serve ... --run RUN_ID, or gyre_hpc.net.auth.run_key(SECRET, RUN_ID))",
               flush=True)
         clock = WallClock()
         deadline = None if args.duration_s is None else clock.now() + args.duration_s

@@ -20,7 +20,7 @@ import subprocess
 
 from gyre_hpc.config import GyreConfig, load_config
 from gyre_hpc.errors import GyreError, LayoutError
-from gyre_hpc.io import atomic_write_text
+from gyre_hpc.files.io import atomic_write_text
 from gyre_hpc.rundir import RunDir
 from gyre_hpc.slurm.sbatch import render_sbatch
 from jobs import add_overrides

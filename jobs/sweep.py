@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _tasks(args, cfgs, elements, kind, out: Path):
     from gyre_hpc.slurm import jobspec
-    from gyre_hpc.slurm.submit_sweep import Task, train_metrics
+    from gyre_hpc.slurm.submit_sweep import SweepJob, train_metrics
     from gyre_hpc.slurm.submit_tasks import simulate_element, train_local, train_rank
 
     out.mkdir(parents=True, exist_ok=True)
@@ -98,7 +98,7 @@ def _tasks(args, cfgs, elements, kind, out: Path):
         if args.simulate:
             params = jobspec.single_task_parameters(cfg, args.timeout_min)
             config = str(Path(args.config).resolve())
-            tasks.append(Task(e.index, simulate_element, (config, list(args.overrides) + e.overrides), params))
+            tasks.append(SweepJob(e.index, simulate_element, (config, list(args.overrides) + e.overrides), params))
             continue
         run_dir = out / f"e{e.index:03d}"
         config = RunDir.at(run_dir).write_config(cfg)
@@ -109,5 +109,5 @@ def _tasks(args, cfgs, elements, kind, out: Path):
             params, fn = jobspec.single_task_parameters(cfg), train_local
         if args.timeout_min:
             params["timeout_min"] = args.timeout_min
-        tasks.append(Task(e.index, fn, (str(config), str(run_dir)), params))
+        tasks.append(SweepJob(e.index, fn, (str(config), str(run_dir)), params))
     return tasks, (lambda row: row) if args.simulate else train_metrics

@@ -34,7 +34,7 @@ from pathlib import Path
 from gyre_hpc.clock import WallClock
 from gyre_hpc.config import GyreConfig, load_config
 from gyre_hpc.errors import ConfigError, GyreError
-from gyre_hpc.io import atomic_write_json
+from gyre_hpc.files.io import atomic_write_json
 from gyre_hpc.models import run_init
 from gyre_hpc.live.launch import launch, rank_command
 from gyre_hpc.live.rank import check_resume_config, early_preemption, print_summary, run_rank

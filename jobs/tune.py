@@ -19,7 +19,7 @@ import yaml
 from gyre_hpc.allocator.sim.tune import tune, workload_for
 from gyre_hpc.config import load_config
 from gyre_hpc.errors import ConfigError
-from gyre_hpc.io import atomic_write_text
+from gyre_hpc.files.io import atomic_write_text
 from jobs import add_overrides
 
 DESCRIPTION = """\

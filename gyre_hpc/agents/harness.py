@@ -39,7 +39,7 @@ from typing import Sequence
 import httpx
 import numpy as np
 
-from gyre_hpc import auth, tls
+from gyre_hpc.net import auth, tls
 from gyre_hpc.agents.env import Episode, Generate, Tool, rid_for
 from gyre_hpc.agents.workload import Workload
 from gyre_hpc.clock import Clock, WallClock

@@ -9,7 +9,7 @@ Per run (group ``g`` = query ``q{g:05d}`` = task ``tasks[g % len(tasks)]``, run 
     run_status(agent, grade)                 SCORED | TIMEOUT_PARTIAL | EVAL_FAILURE
     outcome → <out_dir>/RUN.jsonl and POST /tito/outcome; the workspace is removed
 
-It has the synthetic ``Harness``'s interface (``run_async(groups) -> [RunResult]``), so ``runtime.rollouts`` runs
+It has the synthetic ``Harness``'s interface (``run_async(groups) -> [RunResult]``), so ``live.rollouts`` runs
 either. Agents and graders run in worker threads (``asyncio.to_thread``): a run never blocks the event loop.
 
 Invariants (tests/integration/test_plugin_harness.py)
@@ -27,7 +27,7 @@ from typing import Sequence
 
 import httpx
 
-from gyre_hpc import auth, tls
+from gyre_hpc.net import auth, tls
 from gyre_hpc.agents.harness import RunResult, _post
 from gyre_hpc.agents.plugins import Plugins, grade_run, load_plugins, run_agent, run_status
 from gyre_hpc.agents.repo_tasks import RepoTask, load_tasks, make_workspace

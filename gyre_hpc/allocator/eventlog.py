@@ -13,7 +13,7 @@ Invariants (tests/unit/test_allocator_server.py, tests/unit/test_proxy_recording
   returns (a reader, or a post-mortem after a crash, sees every record written so far), an existing log is never
   rewritten, and lines of concurrent writers never interleave; at most the last line of a killed process is torn.
 - The latest ``keep`` records are also in memory (``events``, ``of(kind)``), with or without a file.
-- ``read_events`` reads through the one JSONL reader (``gyre_hpc.jsonl``) and returns the complete records in
+- ``read_events`` reads through the one JSONL reader (``gyre_hpc.files.jsonl``) and returns the complete records in
   order; it skips only a torn final line (no newline) and raises ``ProtocolError`` naming ``file:line`` for any
   other line that is not a JSON object with an ``event``.
 """
@@ -27,7 +27,7 @@ from typing import Any
 
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.errors import ProtocolError
-from gyre_hpc.jsonl import scan
+from gyre_hpc.files.jsonl import scan
 
 
 class EventLog:

@@ -28,7 +28,7 @@ import queue
 from typing import Callable
 
 from gyre_hpc.allocator.eventlog import EventLog
-from gyre_hpc.allocator.live import LiveExecutor
+from gyre_hpc.allocator.executor import LiveExecutor
 from gyre_hpc.allocator.messages import Bye, Event, Message, Shutdown
 from gyre_hpc.allocator.policies import Policy
 from gyre_hpc.allocator.transport import Backoff, Transport

@@ -1,10 +1,12 @@
-"""Rollout engines behind one HTTP protocol (SGLang's): the in-repo ``local`` CPU engine and the engine client.
+"""Rollout engines behind one HTTP protocol (SGLang's), from the side that starts and talks to them.
 
-- ``protocol``   request validation and answer shapes (pure), ``GenerateResult``;
-- ``sampling``   temperature / top-k / top-p sampling of one logit row;
-- ``policy``     the megatron ``GPTModel`` the local engine generates from;
-- ``weights``    the weights directory ``/update_weights_from_disk`` loads (trainer export);
-- ``scheduler``  continuous batching, abort, pause/retract, weight-version accounting;
-- ``local``      the FastAPI server process (``python -m gyre_hpc.engines.local``);
-- ``launch``     start/stop a local engine process; ``client``: ``EngineClient`` for any SGLang-protocol URL.
+- ``protocol``       request validation and answer shapes (pure), ``GenerateResult``;
+- ``client``         ``EngineClient`` for any SGLang-protocol URL (the local engine or SGLang);
+- ``launch``         start/stop an engine process (``python -m gyre_hpc.localengine.server`` or SGLang);
+- ``children``       service child processes that never outlive their parent; ``leftovers``: ones a run left behind;
+- ``weights``        the weights directory ``/update_weights_from_disk`` loads (trainer export);
+- ``weight_sync``    weights into a running engine over ``/update_weights_from_distributed``;
+- ``weight_tensor``  the tensor road (``/update_weights_from_tensor``, sender and engine on one host).
+
+The in-repo CPU engine itself (the double that speaks SGLang's protocol) is ``gyre_hpc.localengine``.
 """

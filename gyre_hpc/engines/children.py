@@ -9,7 +9,7 @@
   (``serving.PARENT_ENV``, for the child's own watchdog) in its environment, never on its command line;
 - with SIGUSR1 (the ranks' preemption signal; on submitit's tasks the time-limit signal too) ignored from its
   first instruction;
-- with the bind shim's interface (``gyre_hpc.listen``) only when it is the loopback one: a child's internal
+- with the bind shim's interface (``gyre_hpc.launcher.listen``) only when it is the loopback one: a child's internal
   wildcard listeners (torch's TCPStore) are reached at 127.0.0.1, which another interface's address would refuse.
 
 Invariants (tests/integration/test_no_orphans.py)
@@ -28,7 +28,8 @@ import signal
 import subprocess
 from typing import IO, Mapping, Sequence
 
-from gyre_hpc import auth, listen
+from gyre_hpc.net import auth
+from gyre_hpc.launcher import listen
 from gyre_hpc.lifecycle import rank_signals
 
 PR_SET_PDEATHSIG = 1

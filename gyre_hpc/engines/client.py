@@ -8,7 +8,7 @@ Invariants
 - Only refused or dropped *connections* are retried (httpx transport retries, ``connect_retries`` times): a call
   the engine answered is never repeated, so a ``/generate`` is never run twice by the client.
 - Every request carries ``Authorization: Bearer <token>``: ``token``, else the job secret ``$GYRE_JOB_SECRET``
-  (``gyre_hpc.auth``); the engines and the proxy refuse requests without it (401).
+  (``gyre_hpc.net.auth``); the engines and the proxy refuse requests without it (401).
 - Every failure is an ``EngineError`` with ``status`` (None when no answer came) and ``endpoint``; the message
   carries the engine's own error text. A 2xx answer of the wrong shape is an ``EngineError`` too.
 """
@@ -19,7 +19,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import httpx
 
-from gyre_hpc import auth, tls
+from gyre_hpc.net import auth, tls
 from gyre_hpc.config import EngineConfig
 from gyre_hpc.engines.protocol import GenerateResult
 from gyre_hpc.errors import EngineError

@@ -1,6 +1,6 @@
 """Start and stop engine processes; a started engine is ready only once ``/health`` answers 200.
 
-``start_local_engine`` runs ``python -m gyre_hpc.engines.local`` with a config file holding exactly the sections
+``start_local_engine`` runs ``python -m gyre_hpc.localengine.server`` with a config file holding exactly the sections
 the engine reads (``engine``, ``model``, ``run.seed``); ``start_engine`` picks the local engine or SGLang's
 ``sglang.launch_server`` by ``engine.kind``.
 
@@ -53,14 +53,14 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from gyre_hpc import auth
+from gyre_hpc.net import auth
 from gyre_hpc.clock import wait_until
 from gyre_hpc.config import EngineConfig, GyreConfig, ModelConfig, RunConfig, to_dict
 from gyre_hpc.engines import children
 from gyre_hpc.engines.children import ignore_preemption_signal  # noqa: F401  (re-exported)
 from gyre_hpc.engines.client import EngineClient
 from gyre_hpc.errors import EngineError
-from gyre_hpc.io import atomic_write_text
+from gyre_hpc.files.io import atomic_write_text
 
 
 #: torch.distributed rendezvous variables a launched engine does not inherit.
@@ -236,7 +236,7 @@ def start_local_engine(engine_cfg: EngineConfig, model_cfg: ModelConfig, seed: i
     beside_log = log_path is not None and config_dir is not None
     config_name = f"{Path(log_path).stem}.yaml" if beside_log else f"engine-{port}.yaml"
     config_path = atomic_write_text(Path(config_dir or scratch) / config_name, yaml.safe_dump(data, sort_keys=False))
-    cmd = [sys.executable, "-m", "gyre_hpc.engines.local", "--host", engine_cfg.host, "--port", str(port),
+    cmd = [sys.executable, "-m", "gyre_hpc.localengine.server", "--host", engine_cfg.host, "--port", str(port),
            "--config", str(config_path)]
     url = f"http://{engine_cfg.host}:{port}"
     return _spawn(cmd, url, Path(log_path) if log_path else None, engine_cfg.startup_timeout_s,

@@ -4,7 +4,7 @@ Both sides use this module: the local engine validates what it receives and buil
 client parses answers with it, from the local engine or from a real SGLang server alike.
 
 Invariants
-- A request is either fully valid or rejected with ``ProtocolError`` (HTTP 400) naming the offending key
+- A request is either fully valid or rejected with ``EngineRequestError`` (HTTP 400) naming the offending key
   (``sampling_params.top_p``); an unknown key is rejected with the list of valid keys, as SGLang does.
 - SGLang keys this engine does not implement are accepted only at SGLang's default value (a client that sends
   ``frequency_penalty: 0.0`` works; one that sends 0.5 gets a 400 instead of silently different sampling).
@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 from gyre_hpc.errors import EngineError
 
 
-class ProtocolError(EngineError):
+class EngineRequestError(EngineError):
     """A request that breaks the protocol: HTTP 400, ``key`` is the dotted offending key."""
 
     def __init__(self, key: str, message: str):
@@ -34,21 +34,21 @@ class ProtocolError(EngineError):
 # ------------------------------------------------------------------------------------------ sampling params
 def _int(key: str, v: Any, lo: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
-        raise ProtocolError(key, f"expected an integer, got {v!r}")
+        raise EngineRequestError(key, f"expected an integer, got {v!r}")
     if lo is not None and v < lo:
-        raise ProtocolError(key, f"must be >= {lo}, got {v}")
+        raise EngineRequestError(key, f"must be >= {lo}, got {v}")
     return v
 
 
 def _float(key: str, v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ProtocolError(key, f"expected a finite number, got {v!r}")
+        raise EngineRequestError(key, f"expected a finite number, got {v!r}")
     return float(v)
 
 
 def _bool(key: str, v: Any) -> bool:
     if not isinstance(v, bool):
-        raise ProtocolError(key, f"expected true or false, got {v!r}")
+        raise EngineRequestError(key, f"expected true or false, got {v!r}")
     return v
 
 
@@ -56,7 +56,7 @@ def _token_list(key: str, v: Any) -> tuple[int, ...]:
     if v is None:
         return ()
     if not isinstance(v, (list, tuple)):
-        raise ProtocolError(key, f"expected a list of token ids, got {v!r}")
+        raise EngineRequestError(key, f"expected a list of token ids, got {v!r}")
     return tuple(_int(f"{key}[{i}]", t, 0) for i, t in enumerate(v))
 
 
@@ -77,21 +77,21 @@ class SamplingParams:
 def _check_top_p(key: str, v: Any) -> float:
     p = _float(key, v)
     if not 0.0 < p <= 1.0:
-        raise ProtocolError(key, f"must be in (0, 1], got {p}")
+        raise EngineRequestError(key, f"must be in (0, 1], got {p}")
     return p
 
 
 def _check_top_k(key: str, v: Any) -> int:
     k = _int(key, v)
     if k != -1 and k < 1:
-        raise ProtocolError(key, f"must be -1 (all tokens) or >= 1, got {k}")
+        raise EngineRequestError(key, f"must be -1 (all tokens) or >= 1, got {k}")
     return k
 
 
 def _check_temperature(key: str, v: Any) -> float:
     t = _float(key, v)
     if t < 0:
-        raise ProtocolError(key, f"must be >= 0, got {t}")
+        raise EngineRequestError(key, f"must be >= 0, got {t}")
     return t
 
 
@@ -123,16 +123,16 @@ def _same(value: Any, accepted: tuple) -> bool:
 
 def _default_only(key: str, value: Any, accepted: tuple) -> None:
     if not _same(value, accepted):
-        raise ProtocolError(key, f"{value!r} is not supported by the local engine (only SGLang's default "
+        raise EngineRequestError(key, f"{value!r} is not supported by the local engine (only SGLang's default "
                                  f"{accepted[0]!r})")
 
 
 def parse_sampling_params(raw: Any, default_max_new_tokens: int = 128) -> SamplingParams:
-    """Validate ``sampling_params``; unknown keys and unimplemented non-default values are a ``ProtocolError``."""
+    """Validate ``sampling_params``; unknown keys and unimplemented non-default values are a ``EngineRequestError``."""
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
-        raise ProtocolError("sampling_params", f"expected an object, got {raw!r}")
+        raise EngineRequestError("sampling_params", f"expected an object, got {raw!r}")
     values: dict[str, Any] = {"max_new_tokens": default_max_new_tokens}
     for key, value in raw.items():
         dotted = f"sampling_params.{key}"
@@ -143,7 +143,7 @@ def parse_sampling_params(raw: Any, default_max_new_tokens: int = 128) -> Sampli
             _default_only(dotted, value, SGLANG_DEFAULT_ONLY[key])
         else:
             valid = ", ".join([*_SAMPLING_CHECKS, *SGLANG_DEFAULT_ONLY])
-            raise ProtocolError(dotted, f"unknown sampling parameter; valid keys: {valid}")
+            raise EngineRequestError(dotted, f"unknown sampling parameter; valid keys: {valid}")
     return SamplingParams(**values)
 
 
@@ -169,22 +169,22 @@ _GENERATE_KEYS = ("input_ids", "rid", "sampling_params", "return_logprob")
 def parse_generate(body: Any, vocab_size: int, default_max_new_tokens: int = 128) -> GenerateRequest:
     """Validate a ``/generate`` body (one request, token ids in); a missing ``rid`` gets a fresh one."""
     if not isinstance(body, Mapping):
-        raise ProtocolError("body", f"expected a JSON object, got {type(body).__name__}")
+        raise EngineRequestError("body", f"expected a JSON object, got {type(body).__name__}")
     for key, value in body.items():
         if key in _GENERATE_DEFAULT_ONLY:
             _default_only(key, value, _GENERATE_DEFAULT_ONLY[key])
         elif key not in _GENERATE_KEYS:
-            raise ProtocolError(key, f"unknown key; valid keys: {', '.join([*_GENERATE_KEYS, *_GENERATE_DEFAULT_ONLY])}")
+            raise EngineRequestError(key, f"unknown key; valid keys: {', '.join([*_GENERATE_KEYS, *_GENERATE_DEFAULT_ONLY])}")
     ids = body.get("input_ids")
     if not isinstance(ids, (list, tuple)) or not ids or isinstance(ids[0], (list, tuple)):
-        raise ProtocolError("input_ids", "expected a non-empty list of token ids (one request, no batch)")
+        raise EngineRequestError("input_ids", "expected a non-empty list of token ids (one request, no batch)")
     input_ids = tuple(_int(f"input_ids[{i}]", t, 0) for i, t in enumerate(ids))
     bad = next((i for i, t in enumerate(input_ids) if t >= vocab_size), None)
     if bad is not None:
-        raise ProtocolError(f"input_ids[{bad}]", f"token {input_ids[bad]} is outside the vocabulary (size {vocab_size})")
+        raise EngineRequestError(f"input_ids[{bad}]", f"token {input_ids[bad]} is outside the vocabulary (size {vocab_size})")
     rid = body.get("rid")
     if rid is not None and (not isinstance(rid, str) or not rid):
-        raise ProtocolError("rid", f"expected a non-empty string, got {rid!r}")
+        raise EngineRequestError("rid", f"expected a non-empty string, got {rid!r}")
     return GenerateRequest(
         rid=rid or uuid.uuid4().hex,
         input_ids=input_ids,
@@ -204,7 +204,7 @@ def parse_pause(body: Any) -> str:
     _only(body, ("mode",))
     mode = body.get("mode", "abort")
     if mode not in PAUSE_MODES:
-        raise ProtocolError("mode", f"{mode!r} is not one of {', '.join(PAUSE_MODES)}")
+        raise EngineRequestError("mode", f"{mode!r} is not one of {', '.join(PAUSE_MODES)}")
     return mode
 
 
@@ -216,7 +216,7 @@ def parse_memory_tags(body: Any) -> tuple[str, ...]:
     if tags is None:
         return MEMORY_TAGS
     if not isinstance(tags, list) or not all(t in MEMORY_TAGS for t in tags):
-        raise ProtocolError("tags", f"expected a list of {', '.join(MEMORY_TAGS)}, got {tags!r}")
+        raise EngineRequestError("tags", f"expected a list of {', '.join(MEMORY_TAGS)}, got {tags!r}")
     return tuple(dict.fromkeys(tags))
 
 
@@ -226,7 +226,7 @@ def parse_abort(body: Any) -> tuple[str | None, bool]:
     _only(body, ("rid", "abort_all", "finished_reason", "abort_message"))
     rid = body.get("rid") or None
     if rid is not None and not isinstance(rid, str):
-        raise ProtocolError("rid", f"expected a string, got {rid!r}")
+        raise EngineRequestError("rid", f"expected a string, got {rid!r}")
     return rid, _bool("abort_all", body.get("abort_all", False))
 
 
@@ -244,10 +244,10 @@ def parse_update_from_disk(body: Any) -> DiskUpdate:
                  "torch_empty_cache", "keep_pause", "recapture_cuda_graph", "token_step", "manifest"))
     path = body.get("model_path")
     if not isinstance(path, str) or not path:
-        raise ProtocolError("model_path", f"expected a directory path, got {path!r}")
+        raise EngineRequestError("model_path", f"expected a directory path, got {path!r}")
     version = body.get("weight_version")
     if version is not None and (not isinstance(version, str) or not version):
-        raise ProtocolError("weight_version", f"expected a non-empty string, got {version!r}")
+        raise EngineRequestError("weight_version", f"expected a non-empty string, got {version!r}")
     return DiskUpdate(path, version, _bool("abort_all_requests", body.get("abort_all_requests", False)),
                       _bool("flush_cache", body.get("flush_cache", True)))
 
@@ -258,7 +258,7 @@ def parse_update_weight_version(body: Any) -> tuple[str, bool]:
     _only(body, ("new_version", "abort_all_requests"))
     version = body.get("new_version")
     if not isinstance(version, str) or not version:
-        raise ProtocolError("new_version", f"expected a non-empty string, got {version!r}")
+        raise EngineRequestError("new_version", f"expected a non-empty string, got {version!r}")
     return version, _bool("abort_all_requests", body.get("abort_all_requests", True))
 
 
@@ -266,14 +266,14 @@ def _object(body: Any) -> Mapping:
     if body is None:
         return {}
     if not isinstance(body, Mapping):
-        raise ProtocolError("body", f"expected a JSON object, got {type(body).__name__}")
+        raise EngineRequestError("body", f"expected a JSON object, got {type(body).__name__}")
     return body
 
 
 def _only(body: Mapping, keys: Sequence[str]) -> None:
     unknown = sorted(set(body) - set(keys))
     if unknown:
-        raise ProtocolError(unknown[0], f"unknown key; valid keys: {', '.join(keys)}")
+        raise EngineRequestError(unknown[0], f"unknown key; valid keys: {', '.join(keys)}")
 
 
 # ---------------------------------------------------------------------------------------------- responses

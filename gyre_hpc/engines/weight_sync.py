@@ -118,7 +118,7 @@ def receive(pg, names: list[str], dtypes: list[str], shapes: list[list[int]]) ->
     return out
 
 
-class _Call(threading.Thread):
+class _CallThread(threading.Thread):
     """One blocking HTTP call in a thread (the engine answers only once the collective it joins is done)."""
 
     def __init__(self, fn, *args):
@@ -187,7 +187,7 @@ class WeightPusher:
 
         port = free_port()
         world = 1 + self.engine_ranks
-        call = _Call(self.client.init_weights_update_group, self.host, port, 1, world, self.group_name, self.backend)
+        call = _CallThread(self.client.init_weights_update_group, self.host, port, 1, world, self.group_name, self.backend)
         try:
             pg = open_group(self.host, port, world, 0, self.group_name, self.backend, self.timeout_s)
         except Exception:
@@ -240,14 +240,14 @@ class WeightPusher:
         names = list(tensors)
         device = "cuda" if self.backend == "nccl" else "cpu"  # nccl moves GPU tensors only (untested here: no GPU)
         ts = [tensors[n].detach().to(device).contiguous() for n in names]
-        call = _Call(self.client.update_weights_from_distributed, names, [dtype_name(t.dtype) for t in ts],
+        call = _CallThread(self.client.update_weights_from_distributed, names, [dtype_name(t.dtype) for t in ts],
                      [list(t.shape) for t in ts], version, flush_cache, self.group_name)
         works = [dist.broadcast(t, group_src=0, group=self.pg, async_op=True) for t in ts]
         self._wait(works, call)
         call.finish(self.timeout_s)
         return sum(t.numel() * t.element_size() for t in ts), len(ts)
 
-    def _wait(self, works: list, call: _Call) -> None:
+    def _wait(self, works: list, call: _CallThread) -> None:
         """Wait for the broadcasts; stop early when the engine refused the update (it will not receive)."""
         def received() -> bool:
             if not call.is_alive() and call.error is not None:

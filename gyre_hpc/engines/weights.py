@@ -9,7 +9,7 @@ Layout (format ``gyre-weights-v1``)::
 Names and layouts are megatron-core's own, so weights move from trainer to engine without conversion.
 
 Invariants
-- A reader never sees a partial directory: ``save_weights`` writes through ``gyre_hpc.io.atomic_dir``.
+- A reader never sees a partial directory: ``save_weights`` writes through ``gyre_hpc.files.io.atomic_dir``.
 - ``weights_checksum`` is a function of names, dtypes, shapes and bytes only (order of the mapping does not
   matter); ``load_weights_dir`` recomputes it and refuses (``EngineError``) a directory whose tensors do not match
   the checksum its meta.json records, so corrupt or mixed files are never loaded.
@@ -24,7 +24,7 @@ from typing import Mapping
 import torch
 
 from gyre_hpc.errors import EngineError
-from gyre_hpc.io import atomic_dir
+from gyre_hpc.files.io import atomic_dir
 
 FORMAT = "gyre-weights-v1"
 

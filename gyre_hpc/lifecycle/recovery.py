@@ -11,7 +11,7 @@ each outcome, and whether it is relaunched, requeued or fails, for every launche
       ERROR       a rank raised (RUN_DIR/errors/rankN.txt, event ``error``)          ─▶ ERROR       exit 70
       (before any rank starts: a config or usage error                                ─▶ CONFIG_ERROR exit 2)
 
-    the launcher, after a segment (Segment: its exit status and rank 0's events), asks ``decide``:
+    the launcher, after a segment (LaunchSegment: its exit status and rank 0's events), asks ``decide``:
       PREEMPTED                           ─▶ REQUEUE  gyre train: exit 75 and how to resume; the sbatch script:
                                                       scontrol requeue; submitit: ``requeue`` (countdown, scancel)
       RANK_LOST / ERROR + a resume state  ─▶ RELAUNCH from RUN_DIR/resume, at most run.max_relaunches times
@@ -31,7 +31,7 @@ The exit statuses (``EXIT``) are defined here and nowhere else: the sbatch scrip
 the launchers return them (tests/unit/test_exit_codes.py scans gyre_hpc/ and jobs/ for the literals).
 
 Invariants (tests/unit/test_recovery.py, tests/unit/test_supervise.py, tests/unit/test_slurm_relaunch.py)
-- Every ``Outcome`` kind has one exit status and no two share one; ``outcome_of`` inverts the table.
+- Every ``JobOutcome`` kind has one exit status and no two share one; ``outcome_of`` inverts the table.
 - ``StopReason.parse(str(r)) == r`` for every kind: the text that crosses a process (Shutdown, events, the
   summary's ``stop``) is the one ``str`` of a stop reason, and it is classified in this one place.
 - ``relaunch_reason`` is a pure function of a segment's outcome: a reason only after exit 69 (``rank_lost``) or 70
@@ -79,7 +79,7 @@ PREEMPTED_EXIT = EXIT[OutcomeKind.PREEMPTED]
 RANK_LOST_EXIT = EXIT[OutcomeKind.RANK_LOST]
 ERROR_EXIT = EXIT[OutcomeKind.ERROR]
 CONFIG_ERROR_EXIT = EXIT[OutcomeKind.CONFIG_ERROR]
-#: a service (engine, proxy) whose parent died ends itself with the error status (gyre_hpc.serving)
+#: a service (engine, proxy) whose parent died ends itself with the error status (gyre_hpc.net.serving)
 ORPHAN_EXIT = ERROR_EXIT
 
 
@@ -147,7 +147,7 @@ class StopReason:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class JobOutcome:
     """How a live run (rank 0's ``run_root``) ended; ``exit`` is the status from the table."""
 
     kind: OutcomeKind
@@ -180,7 +180,7 @@ SIGNALLED_STATUS = 128
 
 
 @dataclass(frozen=True)
-class Segment:
+class LaunchSegment:
     """How one launch of the run ended, as the supervisor sees it."""
 
     exit: int  # the launcher's exit status for it (69 rank lost, 70 error, 75 preempted, 0, 2, ...)
@@ -198,7 +198,7 @@ class Segment:
         return not (self.started or self.saved or self.checkpointed)
 
 
-def relaunch_reason(seg: Segment, done: int, max_relaunches: int) -> str | None:
+def relaunch_reason(seg: LaunchSegment, done: int, max_relaunches: int) -> str | None:
     """Why ``seg`` is relaunched (``rank_lost``, ``error``, ``rank_lost_at_start``), or None: it is not, after
     ``done`` relaunches."""
     if seg.preempted or seg.exit not in RELAUNCH_REASONS or done >= max_relaunches:
@@ -219,22 +219,22 @@ class Action(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Decision:
+class RecoveryDecision:
     action: Action
     exit: int  # the status the launcher ends with unless it relaunches
     reason: str | None = None  # RELAUNCH: the reason recorded in the ``relaunched`` event
     lost_at_start: bool = False  # FAIL: a rank lost while the segment started, no relaunch left (event rank_lost)
 
 
-def decide(seg: Segment, done: int, max_relaunches: int) -> Decision:
+def decide(seg: LaunchSegment, done: int, max_relaunches: int) -> RecoveryDecision:
     """What a launcher does after the segment ``seg`` when it made ``done`` relaunches already."""
     reason = relaunch_reason(seg, done, max_relaunches)
     if reason is not None:
-        return Decision(Action.RELAUNCH, seg.exit, reason)
+        return RecoveryDecision(Action.RELAUNCH, seg.exit, reason)
     if seg.exit == PREEMPTED_EXIT:
-        return Decision(Action.REQUEUE, seg.exit)
+        return RecoveryDecision(Action.REQUEUE, seg.exit)
     at_start = seg.exit == RANK_LOST_EXIT and seg.at_start and not seg.preempted
-    return Decision(Action.FAIL, seg.exit, lost_at_start=at_start)
+    return RecoveryDecision(Action.FAIL, seg.exit, lost_at_start=at_start)
 
 
 def started(kinds: Iterable[str]) -> bool:
@@ -248,15 +248,15 @@ def saved_newer(events: list[dict]) -> bool:
     return any(e["event"] == RESUME_SAVED and int(e.get("steps_done", 0)) > start for e in events)
 
 
-def launcher_segment(code: int, events: list[dict], resume_state: bool, preempted: bool) -> Segment:
+def launcher_segment(code: int, events: list[dict], resume_state: bool, preempted: bool) -> LaunchSegment:
     """The segment ``gyre train``'s launcher saw end with ``code`` (``events``: those it wrote)."""
     kinds = [e["event"] for e in events]
-    return Segment(exit=code, saved=LOST_RANK_SAVED in kinds, resume_state=resume_state, resumed=RESUMED in kinds,
+    return LaunchSegment(exit=code, saved=LOST_RANK_SAVED in kinds, resume_state=resume_state, resumed=RESUMED in kinds,
                    preempted=preempted, stepped="step" in kinds, checkpointed=saved_newer(events),
                    started=started(kinds))
 
 
-def step_segment(code: int, events: list[dict], errors: bool, finished: bool, resume_state: bool) -> Segment:
+def step_segment(code: int, events: list[dict], errors: bool, finished: bool, resume_state: bool) -> LaunchSegment:
     """The srun step that ended with ``code``, in the launcher's terms (``events``: rank 0's of the step;
     ``errors``: a rank wrote RUN_DIR/errors/rankN.txt during it; ``finished``: the run has its summary)."""
     kinds = {e["event"] for e in events}
@@ -264,7 +264,7 @@ def step_segment(code: int, events: list[dict], errors: bool, finished: bool, re
     newer = saved_newer(events)  # rank 0's periodic state: rank 0 itself may be the rank that died
     at_start = code >= SIGNALLED_STATUS and not begun and not errors
     lost = code != 0 and (saved or newer or at_start) and not preempted and not finished
-    return Segment(exit=RANK_LOST_EXIT if lost else code, saved=saved, resume_state=resume_state,
+    return LaunchSegment(exit=RANK_LOST_EXIT if lost else code, saved=saved, resume_state=resume_state,
                    resumed=RESUMED in kinds, preempted=preempted, checkpointed=newer, started=begun)
 
 

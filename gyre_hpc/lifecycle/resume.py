@@ -2,7 +2,7 @@
 
 ::
 
-    RUN_DIR/resume/                    one directory, replaced whole (gyre_hpc.io.atomic_dir)
+    RUN_DIR/resume/                    one directory, replaced whole (gyre_hpc.files.io.atomic_dir)
       state.json                       policy version, steps done, the staleness bookkeeping (SchedState
                                        counters + every step's lag record), the trajectory buffer (ready,
                                        untrained groups: gid, TITO file, token versions), run-level counters
@@ -42,7 +42,7 @@ from typing import Any
 
 from gyre_hpc.allocator.state import SchedState
 from gyre_hpc.errors import CheckpointError
-from gyre_hpc.io import atomic_dir
+from gyre_hpc.files.io import atomic_dir
 
 FORMAT = 1
 DIR, STATE, CHECKPOINT = "resume", "state.json", "checkpoint"

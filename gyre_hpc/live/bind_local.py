@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Mapping
 
 from gyre_hpc.errors import ConfigError
-from gyre_hpc.listen import ENV
+from gyre_hpc.launcher.listen import ENV
 
 SOURCE = Path(__file__).resolve().parents[1] / "native" / "bind_local.c"
 #: environment variable naming the C compiler (the usual one); ``cc`` when unset

@@ -56,7 +56,7 @@ from gyre_hpc.live.training_side import CoreTrainer, SatelliteTrainer
 from gyre_hpc.clock import wait_until
 from gyre_hpc.config import AllocatorConfig, EngineConfig, ModelConfig, ProxyConfig, TrainConfig, TransferConfig
 from gyre_hpc.errors import GyreError, TransferError
-from gyre_hpc.io import atomic_write_json
+from gyre_hpc.files.io import atomic_write_json
 from gyre_hpc.lifecycle.recovery import StopKind, StopReason
 from gyre_hpc.live.preempt import Preemption
 from gyre_hpc.proxy.routing import ProxyError

@@ -12,7 +12,7 @@ GRADS carries no gradient array: ``grads`` is the descriptor (names, offsets, ch
 gradient buffer, which the core pulls over the transfer backend (``transfer.gradients``); ``group`` and the
 trainer's logprobs travel only when ``train.epochs > 1`` (the core trains the group again).
 
-The hub (``runtime.hub``) hands each optimizer step exactly ``batch_groups`` ready groups, in completion order,
+The hub (``live.hub``) hands each optimizer step exactly ``batch_groups`` ready groups, in completion order,
 only to cells that the allocator's state has in TRAIN; the core steps once it holds the gradients of all of
 them (its own and the satellites'). Payloads are plain Python objects (pickled by mpi4py); gradients are not
 among them.

@@ -8,7 +8,7 @@
            cell's other workers follow their leader: gyre_hpc.live.workers)
 
 Invariants
-- The ranks get this job's own secret (``gyre_hpc.auth``) through the environment only, never one inherited
+- The ranks get this job's own secret (``gyre_hpc.net.auth``) through the environment only, never one inherited
   from the shell, and no SLURM/PMIx/Open MPI world variable of the caller (they would make mpirun join a world).
 - Ranks learn of a preemption from RUN_DIR/preempt.request (``LAUNCHED_ENV`` is set for them), never from a
   signal: SIGTERM/SIGUSR1 to the launcher write that file; a second SIGTERM or SIGINT interrupts instead (every
@@ -30,12 +30,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gyre_hpc import listen
+from gyre_hpc.launcher import listen
 from gyre_hpc.clock import WallClock
 from gyre_hpc.errors import ConfigError
-from gyre_hpc.io import atomic_write_text
+from gyre_hpc.files.io import atomic_write_text
 from gyre_hpc.live import bind_local
-from gyre_hpc.openmpi import LOCAL_EXPORTS, SINGLE_HOST_EXPORTS
+from gyre_hpc.launcher.openmpi import LOCAL_EXPORTS, SINGLE_HOST_EXPORTS
 
 #: set by ``gyre train`` for the ranks it launches: they learn of a preemption from RUN_DIR/preempt.request,
 #: never from a signal (a signal from mpirun means it is tearing the job down: a rank was lost)
@@ -52,7 +52,7 @@ def launch(args: argparse.Namespace, world_size: int, run_dir: Path, pending=Non
         raise ConfigError("cluster.cells: a live run needs mpirun (apt-get install openmpi-bin) and mpi4py")
     interface = listen.interface(listen_interface, one_machine=True)
     bind_local.require_interface(interface)  # ConfigError before anything starts
-    from gyre_hpc import auth
+    from gyre_hpc.net import auth
 
     os.environ[auth.ENV] = auth.new_secret()  # this job's own secret (never one inherited from the shell)
     auth.write_secret(run_dir, os.environ[auth.ENV])  # to the ranks through the environment only

@@ -57,7 +57,7 @@ from pathlib import Path
 from gyre_hpc.lifecycle import resume
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.errors import CheckpointError
-from gyre_hpc.io import atomic_dir
+from gyre_hpc.files.io import atomic_dir
 from gyre_hpc.lifecycle.recovery import StopKind, StopReason
 from gyre_hpc.live import preempt
 

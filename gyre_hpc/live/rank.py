@@ -117,7 +117,7 @@ def run_rank(cfg: GyreConfig, args: argparse.Namespace, preemption=None) -> int:
     from gyre_hpc.live.secret import share_job_secret
 
     with _abort_world_on_error(worlds.role.rank, run_dir):
-        share_job_secret(comm, run_dir)  # every listener of the job requires it (gyre_hpc/auth.py)
+        share_job_secret(comm, run_dir)  # every listener of the job requires it (gyre_hpc/net/auth.py)
         cfg = _shared_initial_model(cfg, run_dir, comm, transport.rank)  # resolved once: handed down as it is
         try:
             if transport.rank == 0 and not resume.exists(run_dir):  # srun's ranks of a plain sbatch: what the

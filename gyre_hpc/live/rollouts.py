@@ -16,7 +16,7 @@ Invariants (tests/integration/test_live_training.py)
   the group has exactly one outcome record in the file before the group is built.
 - A group trains only if its file passes ``trajectory.integrity.check_group``; otherwise (or if the file cannot
   be read or packed) it is *lost*: offered empty (its batch slot trains nothing), ``lost`` is the reason in
-  ``groups``, its runs count as neither scored nor trained (``runtime.dataloss`` logs and limits it).
+  ``groups``, its runs count as neither scored nor trained (``live.dataloss`` logs and limits it).
 - Fixed batches (non-streaming policies, as in the simulator): batch b = the groups admitted b*B .. b*B+B-1
   (counted from 0; after a resume from the groups held and re-issued, then the first new one: live/preempt.py);
   a ready group is held until every group of its batch is ready and every earlier batch went out, then the

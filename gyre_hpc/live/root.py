@@ -9,12 +9,12 @@
     before the orderly shutdown: cut the runs still going, read the proxy's stats
     after it: stop the proxy, read the cells' stats, replay the run in the simulator (sim_wall_s),
               write summary.json and the report PNGs
-    data loss (runtime.dataloss): each lost group is an event; above allocator.max_lost_group_share the run
+    data loss (live.dataloss): each lost group is an event; above allocator.max_lost_group_share the run
                stops in order with reason "error: data loss ..." (summary "error"; gyre train exits 2)
-    preempted (SIGTERM/SIGUSR1, runtime.preempt): no more groups or decisions; once no step is pending, the
+    preempted (SIGTERM/SIGUSR1, live.preempt): no more groups or decisions; once no step is pending, the
                resume state goes to RUN_DIR/resume and the cells get Shutdown("preempted: SIG"); no summary
     resumed (RUN_DIR/resume exists): buffer, counters and step records come back before the first decision
-    rank lost (mpirun's SIGTERM under ``gyre train``, runtime.lost): no orderly shutdown; the resume state of
+    rank lost (mpirun's SIGTERM under ``gyre train``, live.lost): no orderly shutdown; the resume state of
                what rank 0 holds goes to RUN_DIR/resume (event ``lost_rank_saved``), then exit 69
     every run.resume_every_steps steps (live/periodic.py): RUN_DIR/resume at the step just applied (event
                ``resume_saved``), so a run whose rank 0 dies is relaunched from it
@@ -27,7 +27,7 @@ callback interface below), never through closures over names assigned later::
       start_proxy()   proxy (subprocess) ─▶ its URL broadcast to the cells; the policy; the event log
       wire()          hub, rollouts, server; a resume state restored into them; the data-loss watch
       run()           LiveServer.run() until its stop reason (a StopReason)
-      finish(stop)    an Outcome: FINISHED (summary.json, report, tracker), PREEMPTED or RANK_LOST (resume state)
+      finish(stop)    a JobOutcome: FINISHED (summary.json, report, tracker), PREEMPTED or RANK_LOST (resume state)
     a failure in start_proxy, wire or run: ``fail`` (a resume state if quiet, one ``error`` event, the tracker
     closed), then the proxy stops and the exception goes on; a failure in finish goes on as it is
 
@@ -43,7 +43,7 @@ callback interface below), never through closures over names assigned later::
 
 Invariants (tests/integration/test_live_training.py, tests/unit/test_root_run.py)
 - Every decision comes from the same policy object the simulator drives (``make_policy``).
-- ``run_root`` returns one type, a ``lifecycle.recovery.Outcome`` (its kind, the stop reason, the resume state
+- ``run_root`` returns one type, a ``lifecycle.recovery.JobOutcome`` (its kind, the stop reason, the resume state
   saved or why not, the summary of a finished run); a callback used before ``wire`` set its object is a
   ``GyreError``, never an AttributeError on None (the harness's ``post`` excepted: dropped until the server exists,
   as its monitor may report first).
@@ -72,9 +72,9 @@ from gyre_hpc.allocator.sim.replay import live_prediction
 from gyre_hpc.allocator.types import Role
 from gyre_hpc.config import GyreConfig, to_dict
 from gyre_hpc.errors import GyreError
-from gyre_hpc.io import atomic_write_json
+from gyre_hpc.files.io import atomic_write_json
 from gyre_hpc.lifecycle import resume
-from gyre_hpc.lifecycle.recovery import Outcome, OutcomeKind, StopKind, StopReason
+from gyre_hpc.lifecycle.recovery import JobOutcome, OutcomeKind, StopKind, StopReason
 from gyre_hpc.live import dataloss, lost, periodic, preempt
 from gyre_hpc.live import root_files as files
 from gyre_hpc.live.hub import Hub
@@ -261,7 +261,7 @@ class RootRun:
         if self.proxy is not None:
             self.proxy.stop()
 
-    def finish(self, stop: dict) -> Outcome:
+    def finish(self, stop: dict) -> JobOutcome:
         """The outcome of the stopped run: preempted or rank lost (the resume state saved by ``before_shutdown``),
         else finished: summary.json, the report, the tracker's last word, no resume state left."""
         cfg, run_dir, reason = self.cfg, self.run_dir, StopReason.parse(stop["reason"])
@@ -270,11 +270,11 @@ class RootRun:
             files.close_tracker(run_dir, cfg.allocator.events_file, self.transport, self.tracker, finished=False)
         common = dict(reason=reason, steps_done=stop["steps_done"], run_dir=str(run_dir))
         if reason.kind is StopKind.RANK_LOST:
-            return Outcome(OutcomeKind.RANK_LOST, resume=self.end.get("lost_saved"), error=self.end.get("lost_error"),
+            return JobOutcome(OutcomeKind.RANK_LOST, resume=self.end.get("lost_saved"), error=self.end.get("lost_error"),
                            **common)
         if reason.kind is StopKind.PREEMPTED:
             saved = str(resume.resume_dir(run_dir)) if self.end.get("saved") else None
-            return Outcome(OutcomeKind.PREEMPTED, resume=saved, error=self.end.get("preempt_error"), **common)
+            return JobOutcome(OutcomeKind.PREEMPTED, resume=saved, error=self.end.get("preempt_error"), **common)
         rollouts = self._wired(self.rollouts)
         summary = files.summary(cfg, run_dir, stop, self.steps, rollouts, self.end, self.carry,
                                 self.clock.now() - self.t0)
@@ -288,7 +288,7 @@ class RootRun:
             files.close_tracker(run_dir, cfg.allocator.events_file, self.transport, self.tracker, finished=True)
         shutil.rmtree(resume.resume_dir(run_dir), ignore_errors=True)  # finished: nothing left to resume
         lost.drop_held(run_dir)
-        return Outcome(OutcomeKind.FINISHED, summary=summary, **common)
+        return JobOutcome(OutcomeKind.FINISHED, summary=summary, **common)
 
     # ------------------------------------------------------------------ the callback interface
     @staticmethod
@@ -383,13 +383,13 @@ class RootRun:
 
 
 def run_root(cfg: GyreConfig, run_dir: Path, transport, comm, preemption: preempt.Preemption | None = None,
-             teardown: lost.Teardown | None = None) -> Outcome:
-    """Drive the live run from rank 0 through its phases (``RootRun``); its ``Outcome``: finished (the summary,
+             teardown: lost.Teardown | None = None) -> JobOutcome:
+    """Drive the live run from rank 0 through its phases (``RootRun``); its ``JobOutcome``: finished (the summary,
     also in summary.json), preempted or rank lost (the resume state saved, or why not)."""
     return drive(RootRun(cfg, run_dir, transport, comm, preemption or preempt.Preemption(), teardown))
 
 
-def drive(root: RootRun) -> Outcome:
+def drive(root: RootRun) -> JobOutcome:
     """``root``'s phases in order; a failure of the first three is ``root.fail``'s, and the proxy stops after
     them whatever happened."""
     try:

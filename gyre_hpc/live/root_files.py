@@ -18,7 +18,7 @@ from gyre_hpc.allocator.eventlog import EventLog, read_events
 from gyre_hpc.allocator.roles import role_share
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.errors import ConfigError, GyreError
-from gyre_hpc.io import atomic_write_text
+from gyre_hpc.files.io import atomic_write_text
 from gyre_hpc.lifecycle import recovery, resume
 from gyre_hpc.lifecycle.recovery import StopKind, StopReason
 from gyre_hpc.live import dataloss, lost, preempt
@@ -122,7 +122,7 @@ def save_resume(run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollout
 
 def save_lost(run_dir: Path, server: "LiveServer", hub: Hub, rollouts: Rollouts, steps: list[dict],
                carry: dict, end: dict, wall_s: float) -> None:
-    """A rank is lost: RUN_DIR/resume from what rank 0 holds (runtime.lost); a failure is logged, never raised."""
+    """A rank is lost: RUN_DIR/resume from what rank 0 holds (live.lost); a failure is logged, never raised."""
     try:
         state = lost.snapshot(server, hub, rollouts, steps, carry, wall_s)
         path = lost.save(run_dir, state)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gyre_hpc import auth
+from gyre_hpc.net import auth
 
 
 def share_job_secret(comm, run_dir: str | Path) -> str:

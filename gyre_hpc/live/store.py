@@ -20,7 +20,7 @@ import json
 import shutil
 from pathlib import Path
 
-from gyre_hpc.io import atomic_write_json
+from gyre_hpc.files.io import atomic_write_json
 
 
 def weights_dir(run_dir: Path) -> Path:

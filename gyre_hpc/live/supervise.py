@@ -31,7 +31,7 @@ from typing import Callable
 
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.errors import GyreError
-from gyre_hpc.io import atomic_write_json
+from gyre_hpc.files.io import atomic_write_json
 from gyre_hpc.lifecycle import recovery, resume
 from gyre_hpc.lifecycle.recovery import PREEMPTED_EXIT, RELAUNCHED as EVENT
 
@@ -45,7 +45,7 @@ def events_of(path: Path) -> list[dict]:
         return []
 
 
-def segment(run_dir: Path, events_path: Path, code: int, before: int, preempted: bool) -> recovery.Segment:
+def segment(run_dir: Path, events_path: Path, code: int, before: int, preempted: bool) -> recovery.LaunchSegment:
     """The outcome of the segment that wrote the events after the first ``before`` ones and ended with ``code``."""
     return recovery.launcher_segment(code, events_of(events_path)[before:], resume.exists(run_dir), preempted)
 

@@ -56,7 +56,7 @@ STORE_TIMEOUT_S = 600.0  # how long the cell's workers may take to meet (a loade
 
 
 @dataclass(frozen=True)
-class Role:
+class RankPlace:
     """Where this process is in the world: the allocator (cell None), or worker ``worker`` of ``cell``."""
 
     rank: int
@@ -69,18 +69,18 @@ class Role:
         return self.cell is None or self.worker == 0
 
 
-def role_of(rank: int, workers_per_cell: int) -> Role:
+def role_of(rank: int, workers_per_cell: int) -> RankPlace:
     """Rank ``rank``'s role in a world of 1 + K x ``workers_per_cell`` ranks (``gyre_hpc.slurm.layout``'s order)."""
     if rank == 0:
-        return Role(0, None, None)
-    return Role(rank, (rank - 1) // workers_per_cell, (rank - 1) % workers_per_cell)
+        return RankPlace(0, None, None)
+    return RankPlace(rank, (rank - 1) // workers_per_cell, (rank - 1) % workers_per_cell)
 
 
 @dataclass
 class Worlds:
     """This process's communicators: ``control`` (COMM_NULL for a follower) and ``cell`` (COMM_NULL for rank 0)."""
 
-    role: Role
+    role: RankPlace
     control: Any
     cell: Any
     hosts: tuple[str, ...] = ()  # the host name of each worker of the cell, in worker order

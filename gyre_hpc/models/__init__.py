@@ -6,7 +6,7 @@ transformers, safetensors).
 - ``check``          transformers' forward against megatron's, and the export round trip;
 - ``chat_template``  the chat template the tiny models carry (pure).
 
-The parts other layers need sit where those layers can reach them (issue 14): ``gyre_hpc.hf_config`` (pure: an HF
+The parts other layers need sit where those layers can reach them (issue 14): ``gyre_hpc.files.hf_config`` (pure: an HF
 ``config.json`` → the ``ModelConfig`` fields, read by ``config``) in the core, and ``gyre_hpc.train.hf_weights``
 (the HF ⇄ megatron tensor mapping) and ``gyre_hpc.train.hf_io`` (HF directories) in ``train``.
 """

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from gyre_hpc.config import ModelConfig
-from gyre_hpc import hf_config
+from gyre_hpc.files import hf_config
 from gyre_hpc.train import hf_io, hf_weights as weights
 
 

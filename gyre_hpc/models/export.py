@@ -27,7 +27,7 @@ import torch
 
 from gyre_hpc.config import GyreConfig, ModelConfig, build, read_yaml
 from gyre_hpc.errors import CheckpointError, UnsupportedModelError
-from gyre_hpc import hf_config
+from gyre_hpc.files import hf_config
 from gyre_hpc.train import hf_io, hf_weights as weights
 from gyre_hpc.train.checkpoint import merge_tp
 

@@ -22,7 +22,7 @@ import random
 from pathlib import Path
 
 from gyre_hpc.errors import ConfigError
-from gyre_hpc.hf_config import ARCH_BY_NAME, MODEL_TYPE
+from gyre_hpc.files.hf_config import ARCH_BY_NAME, MODEL_TYPE
 
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
@@ -117,7 +117,7 @@ def init_model(arch: str, out: str | Path, hidden: int = 64, layers: int = 2, he
     from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
     from transformers.utils import logging as hf_logging
 
-    from gyre_hpc.io import atomic_dir
+    from gyre_hpc.files.io import atomic_dir
     from gyre_hpc.models.chat_template import CHAT_TEMPLATE
 
     if arch not in ARCH_BY_NAME:

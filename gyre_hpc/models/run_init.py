@@ -104,7 +104,7 @@ def materialise(cfg: GyreConfig, run_dir: str | Path) -> Path | None:
     out = init_dir(run_dir)
     if out.is_dir():
         return out
-    from gyre_hpc.io import atomic_dir
+    from gyre_hpc.files.io import atomic_dir
 
     args = init_args(cfg)
     try:

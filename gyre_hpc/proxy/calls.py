@@ -53,7 +53,7 @@ class CallRequest:
 
 
 @dataclass(frozen=True)
-class Segment:
+class CallSegment:
     """What one engine request produced: tokens, logprobs, one weight version per token, its finish reason."""
 
     engine: str
@@ -67,7 +67,7 @@ class Segment:
         return self.finish.get("type") == "abort"
 
     @classmethod
-    def of(cls, engine: str, res: GenerateResult) -> "Segment":
+    def of(cls, engine: str, res: GenerateResult) -> "CallSegment":
         if res.logprobs is None:
             raise ProxyError(f"engine {engine} answered without output_token_logprobs", 502)
         versions = [None] * len(res.output_ids)
@@ -131,11 +131,11 @@ def parse_call(body: Any, default_max_new_tokens: int) -> CallRequest:
     return CallRequest(body["rid"], run_id, call_id, query_id, tuple(ids), sampling, logprob)
 
 
-def produced(segments: Sequence[Segment]) -> list[int]:
+def produced(segments: Sequence[CallSegment]) -> list[int]:
     return [t for s in segments for t in s.output_ids]
 
 
-def continuation(req: CallRequest, segments: Sequence[Segment]) -> tuple[list[int], dict] | None:
+def continuation(req: CallRequest, segments: Sequence[CallSegment]) -> tuple[list[int], dict] | None:
     """The next engine request: (input_ids, sampling_params), or None when the output is already complete."""
     done = produced(segments)
     left = req.max_new_tokens - len(done)
@@ -147,13 +147,13 @@ def continuation(req: CallRequest, segments: Sequence[Segment]) -> tuple[list[in
     return [*req.input_ids, *done], sampling
 
 
-def finish_of(segments: Sequence[Segment], max_new_tokens: int) -> dict:
+def finish_of(segments: Sequence[CallSegment], max_new_tokens: int) -> dict:
     if segments and not (segments[-1].aborted and len(produced(segments)) >= max_new_tokens):
         return dict(segments[-1].finish)
     return {"type": "length", "length": len(produced(segments))}
 
 
-def engines_of(segments: Sequence[Segment]) -> str:
+def engines_of(segments: Sequence[CallSegment]) -> str:
     names: list[str] = []
     for s in segments:
         if not names or names[-1] != s.engine:
@@ -161,7 +161,7 @@ def engines_of(segments: Sequence[Segment]) -> str:
     return ">".join(names)
 
 
-def answer(req: CallRequest, segments: Sequence[Segment], e2e_latency: float, moves: int) -> dict:
+def answer(req: CallRequest, segments: Sequence[CallSegment], e2e_latency: float, moves: int) -> dict:
     """The harness's answer, in SGLang's shape, as if one engine had served the whole call."""
     out = produced(segments)
     logprobs = [lp for s in segments for lp in s.logprobs] if req.return_logprob else None
@@ -184,7 +184,7 @@ def _policy_version(engine: str, version: str) -> int:
     return v
 
 
-def tito_call(req: CallRequest, segments: Sequence[Segment], t_start: float, t_end: float) -> Call:
+def tito_call(req: CallRequest, segments: Sequence[CallSegment], t_start: float, t_end: float) -> Call:
     """The call's TITO record: ONE call, whatever number of segments served it."""
     versions = [_policy_version(s.engine, v) for s in segments for v in s.versions]
     return Call(req.run_id, req.query_id, req.call_id, np.asarray(req.input_ids, np.int64),

@@ -166,7 +166,7 @@ class Node:
 
 
 @dataclass(frozen=True)
-class Plan:
+class PromptPlan:
     prompt_ids: tuple[int, ...]
     keys: tuple[tuple, ...]
     tools: str
@@ -189,7 +189,7 @@ class ChatBook:
                                                             "drift": 0,
                                                             "prompt_tokens": 0, "reused_tokens": 0})
 
-    def plan(self, run_id: str, msgs: Sequence[Message], tools: Sequence[Mapping] | None) -> Plan:
+    def plan(self, run_id: str, msgs: Sequence[Message], tools: Sequence[Mapping] | None) -> PromptPlan:
         t = self.template
         renders = [m.render for m in msgs]
         full = t.render(renders, tools, True)
@@ -214,12 +214,12 @@ class ChatBook:
                 best.ends[k - 1] = (offset, closing)
             extends = k == len(best.keys)
             ids, ends = self._pieces(renders, tools, full, k, shared_text, closing, offset)
-            return self._count(Plan((*best.seq[:offset], *ids), keys, tkey, (*best.ends[:k], *ends), offset, k,
+            return self._count(PromptPlan((*best.seq[:offset], *ids), keys, tkey, (*best.ends[:k], *ends), offset, k,
                                     extends, drift and extends, full))
         ids, ends = self._pieces(renders, tools, full, 0, "", "", 0)
-        return self._count(Plan(tuple(ids), keys, tkey, tuple(ends), 0, 0, False, False, full))
+        return self._count(PromptPlan(tuple(ids), keys, tkey, tuple(ends), 0, 0, False, False, full))
 
-    def record(self, run_id: str, plan: Plan, reply_key: tuple, output_ids: Sequence[int]) -> None:
+    def record(self, run_id: str, plan: PromptPlan, reply_key: tuple, output_ids: Sequence[int]) -> None:
         seq = (*plan.prompt_ids, *output_ids)
         nodes = self.runs.pop(run_id, [])  # re-inserted last: the dict's order is least recently used first
         ends = [*plan.ends, (len(seq), None)]
@@ -231,7 +231,7 @@ class ChatBook:
     def forget(self, run_id: str) -> None:
         self.runs.pop(run_id, None)
 
-    def _count(self, plan: Plan) -> Plan:
+    def _count(self, plan: PromptPlan) -> PromptPlan:
         c = self.counts
         c["calls"] += 1
         c["extends" if plan.extends else "branches" if plan.reused else "fresh"] += 1

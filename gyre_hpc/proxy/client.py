@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import httpx
 
-from gyre_hpc import auth, tls
+from gyre_hpc.net import auth, tls
 from gyre_hpc.engines.protocol import GenerateResult
 from gyre_hpc.proxy.routing import ProxyError
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gyre_hpc.allocator.eventlog import EventLog, read_events
+from gyre_hpc.allocator.eventlog import EventLog
 from gyre_hpc.clock import Clock
 
-__all__ = ["EventLog", "proxy_log", "read_events"]
+__all__ = ["proxy_log"]
 
 
 def proxy_log(path: str | Path | None = None, clock: Clock | None = None) -> EventLog:

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import httpx
 
-from gyre_hpc import auth, tls
+from gyre_hpc.net import auth, tls
 from gyre_hpc.clock import Clock, WallClock
-from gyre_hpc.proxy.events import EventLog
+from gyre_hpc.allocator.eventlog import EventLog
 from gyre_hpc.proxy.movers import MoveCost, MovePlan
 
 

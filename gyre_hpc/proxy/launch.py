@@ -13,14 +13,14 @@ from typing import Sequence
 import yaml
 
 from gyre_hpc.config import GyreConfig, ProxyConfig, to_dict
-from gyre_hpc.engines.launch import EngineHandle as ProcessHandle, scratch_dir, spawn_ready
-from gyre_hpc.io import atomic_write_text
+from gyre_hpc.engines.launch import EngineHandle, scratch_dir, spawn_ready
+from gyre_hpc.files.io import atomic_write_text
 
-__all__ = ["ProcessHandle", "start_proxy"]
+__all__ = ["start_proxy"]
 
 
 def start_proxy(cfg: ProxyConfig, engines: Sequence[tuple[int, str]] = (), port: int | None = None,
-                log_path: str | Path | None = None, config_dir: str | Path | None = None) -> ProcessHandle:
+                log_path: str | Path | None = None, config_dir: str | Path | None = None) -> EngineHandle:
     """Run ``python -m gyre_hpc.proxy.server`` on ``port`` (default ``proxy.port``) with ``(cell, url)`` engines."""
     port = port if port is not None else cfg.port
     scratch = scratch_dir("proxy") if config_dir is None or log_path is None else None

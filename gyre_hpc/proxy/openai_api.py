@@ -33,7 +33,7 @@ from gyre_hpc.proxy.chat import ChatBook, bad, message, messages_of
 from gyre_hpc.proxy.replies import Reply, parse_reply
 from gyre_hpc.proxy.routing import ProxyError
 from gyre_hpc.proxy.service import ProxyService
-from gyre_hpc.serving import DISCONNECT_POLL_S, read_json, require_run
+from gyre_hpc.net.serving import DISCONNECT_POLL_S, read_json, require_run
 
 RUN_HEADER, QUERY_HEADER = "x-gyre-run-id", "x-gyre-query-id"
 CHAT_KEYS = {"model", "messages", "tools", "tool_choice", "temperature", "top_p", "max_tokens",

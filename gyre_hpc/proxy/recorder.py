@@ -10,7 +10,7 @@ Invariants (tests/unit/test_proxy_recording.py)
   409); a call that failed releases its id, a flushed call releases it too (the file it went to has it).
 - ``flush`` moves the selected runs' records (all runs by default) from the buffer to the file, calls in the
   order they finished, then outcomes; records of other runs stay buffered. The file is appended to atomically:
-  old content + new lines go to a temporary sibling that replaces it (``gyre_hpc.io``), so a reader never sees
+  old content + new lines go to a temporary sibling that replaces it (``gyre_hpc.files.io``), so a reader never sees
   a torn line and a failed (or refused) flush leaves the buffer and the file unchanged.
 - A run is *closed* once its outcome is in a file: its outcome is written exactly once. An identical outcome
   posted again (a retried post, or one that arrives after the flush that carried it) is accepted and changes
@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from gyre_hpc.io import atomic_write_text
+from gyre_hpc.files.io import atomic_write_text
 from gyre_hpc.proxy.routing import ProxyError
 from gyre_hpc.trajectory.records import Call, Outcome, RunStatus, call_record, outcome_record
 

@@ -41,7 +41,7 @@ from gyre_hpc.proxy.calls import split_rid
 from gyre_hpc.proxy.openai_api import OpenAIRoutes
 from gyre_hpc.proxy.routing import ProxyError
 from gyre_hpc.proxy.service import ProxyService
-from gyre_hpc.serving import answer_unless_hung_up, make_server, read_json, require_run, serve_announced
+from gyre_hpc.net.serving import answer_unless_hung_up, make_server, read_json, require_run, serve_announced
 from gyre_hpc.trajectory.records import Outcome, RunStatus
 
 PROXY_VERSION = "gyre-proxy-1"

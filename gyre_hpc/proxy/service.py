@@ -42,8 +42,9 @@ from gyre_hpc.config import ProxyConfig
 from gyre_hpc.engines.client import AsyncEngineClient
 from gyre_hpc.errors import EngineError
 from gyre_hpc.proxy.admin import EngineAdmin, Request
-from gyre_hpc.proxy.calls import CallRequest, Segment, answer, continuation, parse_call, produced, tito_call
-from gyre_hpc.proxy.events import EventLog, proxy_log
+from gyre_hpc.proxy.calls import CallRequest, CallSegment, answer, continuation, parse_call, produced, tito_call
+from gyre_hpc.allocator.eventlog import EventLog
+from gyre_hpc.proxy.events import proxy_log
 from gyre_hpc.proxy.movers import MovePlan, Mover, make_mover
 from gyre_hpc.proxy.recorder import TitoRecorder, tito_file
 from gyre_hpc.proxy.routing import Engine, EngineState, NoEngineError, ProxyError, Router
@@ -65,7 +66,7 @@ class _Move:
 class _Call:
     req: CallRequest
     t_start: float
-    segments: list[Segment] = field(default_factory=list)
+    segments: list[CallSegment] = field(default_factory=list)
     moves: int = 0
     harness_abort: bool = False
     current: Request | None = None
@@ -106,7 +107,7 @@ class ProxyService(EngineAdmin):
         try:
             await self._serve(call)
             if call.harness_abort and not (call.segments and call.segments[-1].aborted):
-                call.segments.append(Segment("", (), (), (), HARNESS_ABORT))
+                call.segments.append(CallSegment("", (), (), (), HARNESS_ABORT))
             t_end = self.clock.wall()
             body = answer(req, call.segments, t_end - call.t_start, call.moves)
             recorded = True
@@ -192,7 +193,7 @@ class ProxyService(EngineAdmin):
             return _Move(r.move_reason or "dead", eng, r.move_t0 or now, False, 0)
         exc = r.task.exception()
         if exc is None:
-            seg = Segment.of(eng.name, r.task.result())
+            seg = CallSegment.of(eng.name, r.task.result())
             self.counts["prompt_tokens"] += r.task.result().prompt_tokens
             self.counts["cached_tokens"] += r.task.result().cached_tokens
             if not seg.aborted or call.harness_abort:

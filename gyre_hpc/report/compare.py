@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from gyre_hpc.errors import GyreError
-from gyre_hpc.jsonl import read_objects
+from gyre_hpc.files.jsonl import read_objects
 
 R2T_PARTS = ("drain_s", "engine_stop_s", "engine_sleep_s", "trainer_init_s", "weight_pull_s", "total_s")
 T2R_PARTS = ("engine_start_s", "engine_wake_s", "register_s", "total_s")
@@ -106,7 +106,7 @@ def plot_rewards(curves: Mapping[str, Sequence[Sequence[float | None]]], path: P
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from gyre_hpc.io import atomic_write_bytes
+    from gyre_hpc.files.io import atomic_write_bytes
 
     fig, axes = plt.subplots(1, len(curves), figsize=(3.6 * len(curves), 3.2), sharey=True, squeeze=False)
     for ax, (name, reps) in zip(axes[0], curves.items()):

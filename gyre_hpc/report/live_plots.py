@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from gyre_hpc.allocator.roles import role_spans  # noqa: E402,F401 (replay_plots imports it from here)
-from gyre_hpc.io import atomic_write_bytes  # noqa: E402
+from gyre_hpc.files.io import atomic_write_bytes  # noqa: E402
 
 COLORS = {"rollout": "#4c9be8", "train": "#e8804c", "draining": "#bbbbbb", "loading": "#888888",
           "lost": "#000000"}

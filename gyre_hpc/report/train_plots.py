@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from gyre_hpc.io import atomic_write_bytes  # noqa: E402
+from gyre_hpc.files.io import atomic_write_bytes  # noqa: E402
 
 
 def reward_curve(rewards: Sequence[float], path: Path, window: int = 3) -> Path:

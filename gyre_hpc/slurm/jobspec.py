@@ -19,7 +19,7 @@ Invariants (tests/unit/test_jobspec.py)
 - ``slurm_srun_args`` are ``Layout.control_srun_args()`` without ``--nodelist`` (the hostfile replaces it).
 - The hostfile has ``1 + cells x workers per cell`` lines, the rank nodes in rank order (``Layout.rank_nodes`` at run time).
 - Local-executor and simulation keywords ask for one node and one task.
-- The setup lines carry the bind shim's lines exactly as the sbatch script does (``gyre_hpc.listen.batch_lines``).
+- The setup lines carry the bind shim's lines exactly as the sbatch script does (``gyre_hpc.launcher.listen.batch_lines``).
 """
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from gyre_hpc import listen
+from gyre_hpc.launcher import listen
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.slurm.layout import local_nodes, plan
-from gyre_hpc.slurm_options import parse_signal, time_seconds
+from gyre_hpc.launcher.slurm_options import parse_signal, time_seconds
 from gyre_hpc.slurm.sbatch import LOCAL_EXPORTS, node_count
 
 

@@ -52,7 +52,7 @@ from gyre_hpc.live import supervise
 AT_START_FAILED = RANK_LOST_EXIT
 
 
-def step_outcome(run_dir: Path, events_path: Path, code: int) -> recovery.Segment:
+def step_outcome(run_dir: Path, events_path: Path, code: int) -> recovery.LaunchSegment:
     """How the step that started at RUN_DIR/.step-start ended, in the recovery rule's terms
     (``recovery.step_segment``): rank 0's own events of the step, a rank's error file of the step, the summary."""
     start = (run_dir / STEP_START).stat().st_mtime if (run_dir / STEP_START).is_file() else 0.0

@@ -30,7 +30,7 @@ Invariants
 - The srun flags are ``Layout.control_srun_args()`` with the node list computed at run time, so the script and
   the ranks' own placement check agree.
 - Open MPI loopback settings appear only when ``slurm.local_cluster`` is true.
-- The bind shim's lines (``gyre_hpc.listen.batch_lines``) appear only when ``cluster.listen_interface`` names an
+- The bind shim's lines (``gyre_hpc.launcher.listen.batch_lines``) appear only when ``cluster.listen_interface`` names an
   interface, or is null with ``slurm.local_cluster`` true (then ``lo``).
 - The script requeues itself only when ``slurm.requeue`` is true and ``slurm.max_requeues`` > 0, only on the
   preempted exit status (``gyre_hpc.lifecycle.recovery.PREEMPTED_EXIT``) or a resume state the step wrote, never after a
@@ -53,12 +53,12 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from gyre_hpc import listen
+from gyre_hpc.launcher import listen
 from gyre_hpc.config import GyreConfig
 from gyre_hpc.lifecycle.recovery import PREEMPTED_EXIT, RANK_LOST_EXIT, REQUEST_FILE, SBATCH_ENV, STEP_START
-from gyre_hpc.openmpi import LOCAL_EXPORTS
+from gyre_hpc.launcher.openmpi import LOCAL_EXPORTS
 from gyre_hpc.slurm.layout import local_nodes, plan
-from gyre_hpc.slurm_options import parse_signal
+from gyre_hpc.launcher.slurm_options import parse_signal
 
 #: checked-in script -> the config it is rendered from (paths relative to the repository root)
 SCRIPTS = {
@@ -227,7 +227,7 @@ def _requeue(s, config_path: str) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m gyre_hpc.slurm.sbatch --write``: regenerate the checked-in scripts of ``SCRIPTS``."""
     from gyre_hpc.config import load_config
-    from gyre_hpc.io import atomic_write_text
+    from gyre_hpc.files.io import atomic_write_text
 
     p = argparse.ArgumentParser(prog="python -m gyre_hpc.slurm.sbatch", description=main.__doc__)
     p.add_argument("--write", action="store_true", help="write the scripts (default: list them)")

@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 from gyre_hpc.clock import wait_until
 from gyre_hpc.config import load_config
 from gyre_hpc.errors import ConfigError, GyreError
-from gyre_hpc.io import atomic_write_text
+from gyre_hpc.files.io import atomic_write_text
 from gyre_hpc.rundir import RunDir
 from gyre_hpc.slurm import jobspec
 from gyre_hpc.sweep import error_tail

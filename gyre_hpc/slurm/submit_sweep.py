@@ -5,7 +5,7 @@ grid over ``cluster.cells``, go into one array per distinct resource set). With 
 start as earlier ones end, at most ``parallel`` at a time (a training element alone runs 1 + K processes).
 
 Invariants
-- Every element ends with exactly one ``Outcome``: COMPLETED with its metrics, or its end state (FAILED,
+- Every element ends with exactly one ``ElementOutcome``: COMPLETED with its metrics, or its end state (FAILED,
   CANCELLED, TIMEOUT, ...) with the error or the tail of its stderr; an exception in one element never hides
   the others.
 - The progress line counts done / running / failed from result files and one scheduler query per poll.
@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.slurm.submit import make_executor, normal_state
-from gyre_hpc.sweep import COMPLETED, Outcome
+from gyre_hpc.sweep import COMPLETED, ElementOutcome
 
 #: summary keys of a training run that become columns of the sweep table
 TRAIN_COLUMNS = ("steps", "wall_s", "reward_first", "reward_last", "staleness_mean", "staleness_max",
@@ -30,7 +30,7 @@ TRAIN_COLUMNS = ("steps", "wall_s", "reward_first", "reward_last", "staleness_me
 
 
 @dataclass
-class Task:
+class SweepJob:
     """One element to run: ``fn(*args)`` with these executor keywords."""
 
     index: int
@@ -38,15 +38,15 @@ class Task:
     args: tuple
     params: dict[str, Any]
     job: Any = None
-    outcome: Outcome | None = field(default=None)
+    outcome: ElementOutcome | None = field(default=None)
 
 
 def train_metrics(summary: dict[str, Any]) -> dict[str, Any]:
     return {k: summary.get(k) for k in TRAIN_COLUMNS}
 
 
-def _submit_arrays(tasks: Sequence[Task], kind: str, folder: Path, parallel: int) -> None:
-    groups: dict[str, list[Task]] = {}
+def _submit_arrays(tasks: Sequence[SweepJob], kind: str, folder: Path, parallel: int) -> None:
+    groups: dict[str, list[SweepJob]] = {}
     for t in tasks:
         groups.setdefault(json.dumps(t.params, sort_keys=True, default=str), []).append(t)
     for group in groups.values():
@@ -57,12 +57,12 @@ def _submit_arrays(tasks: Sequence[Task], kind: str, folder: Path, parallel: int
             t.job = job
 
 
-def _finished(t: Task) -> bool:
+def _finished(t: SweepJob) -> bool:
     """Has the job ended? (Its result file, else the scheduler's last answer.)"""
     return t.job is not None and t.job.done()
 
 
-def _quick_outcome(t: Task, metrics: Callable[[Any], dict[str, Any]]) -> Outcome | None:
+def _quick_outcome(t: SweepJob, metrics: Callable[[Any], dict[str, Any]]) -> ElementOutcome | None:
     """The outcome from the result file, without waiting; None when the job left no result (crash, cancel)."""
     path = t.job.paths.result_pickle
     if not path.exists():
@@ -70,11 +70,11 @@ def _quick_outcome(t: Task, metrics: Callable[[Any], dict[str, Any]]) -> Outcome
     with open(path, "rb") as f:
         status, value = pickle.load(f)
     if status == "success":
-        return Outcome(COMPLETED, metrics(value), job_id=str(t.job.job_id))
-    return Outcome("FAILED", {}, str(value), job_id=str(t.job.job_id))
+        return ElementOutcome(COMPLETED, metrics(value), job_id=str(t.job.job_id))
+    return ElementOutcome("FAILED", {}, str(value), job_id=str(t.job.job_id))
 
 
-def _slow_outcome(t: Task, kind: str) -> Outcome:
+def _slow_outcome(t: SweepJob, kind: str) -> ElementOutcome:
     """A job that ended without a result file: submitit's own error (it waits for a late file) + stderr."""
     try:
         t.job.result()
@@ -83,13 +83,13 @@ def _slow_outcome(t: Task, kind: str) -> Outcome:
         raw = t.job.watcher.get_state(t.job.job_id, mode="force") if kind == "slurm" else t.job.state
         state = normal_state(raw, kind, False)
         stderr = t.job.stderr() or ""
-        return Outcome(state if state != COMPLETED else "FAILED", {}, f"{exc}\n{stderr[-2000:]}",
+        return ElementOutcome(state if state != COMPLETED else "FAILED", {}, f"{exc}\n{stderr[-2000:]}",
                        job_id=str(t.job.job_id))
 
 
-def run_tasks(tasks: Sequence[Task], kind: str, folder: Path, parallel: int,
+def run_tasks(tasks: Sequence[SweepJob], kind: str, folder: Path, parallel: int,
               metrics: Callable[[Any], dict[str, Any]], poll_s: float = 1.0,
-              clock: Clock | None = None) -> list[Outcome]:
+              clock: Clock | None = None) -> list[ElementOutcome]:
     """Submit every task, show progress until all have ended, and return their outcomes in task order."""
     from tqdm import tqdm
 

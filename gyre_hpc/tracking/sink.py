@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from gyre_hpc.config import TrackingConfig
-from gyre_hpc.io import atomic_write_json
+from gyre_hpc.files.io import atomic_write_json
 from gyre_hpc.tracking import backends as B
 from gyre_hpc.tracking import plan
 

@@ -52,7 +52,7 @@ def _mlflow_parent(cfg: TrackingConfig, out: Path, group: str) -> str | None:
     try:
         b = B.make("mlflow", out, project=cfg.project, name=group, mlflow_uri=cfg.mlflow_uri, tags={"sweep": group})
         state.update(b.open(state))
-        from gyre_hpc.io import atomic_write_json
+        from gyre_hpc.files.io import atomic_write_json
 
         atomic_write_json(state_dir / "mlflow.json", state)
         b.close(finished=True)

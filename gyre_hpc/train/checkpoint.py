@@ -11,7 +11,7 @@ Layout of a checkpoint directory::
 
 Invariants
 - A checkpoint directory appears only complete: every rank writes into one temporary sibling directory
-  (``gyre_hpc.io.atomic_dir``, created by rank 0), which rank 0 renames to ``<path>`` after all ranks finished.
+  (``gyre_hpc.files.io.atomic_dir``, created by rank 0), which rank 0 renames to ``<path>`` after all ranks finished.
   A process killed or failing while saving leaves at most the temporary sibling, never a partial ``<path>``,
   and an older checkpoint at ``<path>`` stays intact until the new one replaces it whole.
 - ``gather_full`` returns each parameter as the single-rank model would hold it: tensor-parallel shards are
@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from gyre_hpc.errors import CheckpointError
-from gyre_hpc.io import atomic_dir
+from gyre_hpc.files.io import atomic_dir
 from gyre_hpc.train import moe
 
 

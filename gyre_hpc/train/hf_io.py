@@ -2,13 +2,13 @@
 
 ::
 
-    <dir>/config.json              architecture, sizes, token ids (``gyre_hpc.hf_config``)
+    <dir>/config.json              architecture, sizes, token ids (``gyre_hpc.files.hf_config``)
     <dir>/model.safetensors        HF tensor names (``gyre_hpc.train.hf_weights``), float32
     <dir>/generation_config.json   bos/eos/pad token ids
     <dir>/tokenizer.json, tokenizer_config.json, ...   whatever tokenizer files the source directory holds
 
 Invariants
-- ``write_model_dir`` is atomic: the directory appears complete (``gyre_hpc.io.atomic_dir``) or not at all, and an
+- ``write_model_dir`` is atomic: the directory appears complete (``gyre_hpc.files.io.atomic_dir``) or not at all, and an
   existing directory is replaced only when asked (``overwrite``).
 - Tensors are written as given (contiguous copies, same dtype): reading back gives bit-identical tensors.
 """
@@ -23,7 +23,7 @@ from typing import Any, Mapping
 import torch
 
 from gyre_hpc.errors import CheckpointError, ConfigError
-from gyre_hpc.io import atomic_dir
+from gyre_hpc.files.io import atomic_dir
 
 #: files of a source directory that are not tokenizer files (written anew, never copied)
 WEIGHT_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json")

@@ -8,7 +8,7 @@ of each run must agree::
     file      the call and outcome records read back (``read_tito``)
 
 ``check_group`` lists every disagreement; a group with any is *lost* (never trained), and the runtime counts it,
-logs it and reports it (``runtime.dataloss``).
+logs it and reports it (``live.dataloss``).
 
 Invariants (tests/unit/test_tito_integrity.py)
 - A group passes only if its file holds exactly the group's runs, each with exactly one outcome equal to the

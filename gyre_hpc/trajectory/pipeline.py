@@ -34,7 +34,7 @@ import numpy as np
 from gyre_hpc.config import TrajectoryConfig
 from gyre_hpc.errors import TrajectoryError
 from gyre_hpc.trajectory.advantages import group_advantages
-from gyre_hpc.io import atomic_write_many
+from gyre_hpc.files.io import atomic_write_many
 from gyre_hpc.trajectory.batch import FIELDS, PackedBatch
 from gyre_hpc.trajectory.branches import classify
 from gyre_hpc.trajectory.packing import RunItem, pack_flat, pack_tree

@@ -15,7 +15,7 @@ Invariants
   fields, negative or out-of-vocabulary ids, logprob/output length mismatch, bad version spans, an empty input,
   duplicate call ids within a run, duplicate outcomes, a query id that disagrees with the run's, a run with calls
   but no outcome) and raises one ``TitoFormatError`` listing each as ``file:line: message``.
-- Lines are read by the one JSONL reader (``gyre_hpc.jsonl``): they end at ``\n`` only (U+2028, U+2029 and
+- Lines are read by the one JSONL reader (``gyre_hpc.files.jsonl``): they end at ``\n`` only (U+2028, U+2029 and
   U+0085 inside strings are content), and a line that is not UTF-8 is a problem of that line, like bad JSON.
 - Token ids are JSON integers (``true`` is not 1), logprobs are numbers (``"-0.1"`` is not), and every number
   is finite (``NaN`` and ``Infinity`` are rejected naming the field).
@@ -39,8 +39,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from gyre_hpc.errors import TrajectoryError
-from gyre_hpc.io import atomic_write_text
-from gyre_hpc.jsonl import scan
+from gyre_hpc.files.io import atomic_write_text
+from gyre_hpc.files.jsonl import scan
 from gyre_hpc.trajectory.tito_checks import (CALL_FIELDS, OUTCOME_FIELDS, OUTCOME_OPTIONAL, cross_check,
                                                 fields, header, ids, logprobs, version_spans)
 

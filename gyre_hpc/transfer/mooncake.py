@@ -17,7 +17,7 @@ Invariants
   ``transfer.log_level`` to ``MC_LOG_LEVEL``, before the engine starts: the config wins over the environment.
 - Engines are created in the constructor, so construct publishers and pullers after any fork (spawn).
 - An engine's start-up noise on stderr (glog's "Logging before InitGoogleLogging" and "Local segment descriptor
-  not found", logged at ERROR in P2P-handshake mode) is dropped unless ``--verbose`` (``gyre_hpc/quiet.py``);
+  not found", logged at ERROR in P2P-handshake mode) is dropped unless ``--verbose`` (``gyre_hpc/launcher/quiet.py``);
   every other line, failures included, still reaches stderr.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 
 from gyre_hpc.config import TransferConfig
 from gyre_hpc.errors import TransferError
-from gyre_hpc.quiet import MOONCAKE_NOISE, native_stderr_filtered
+from gyre_hpc.launcher.quiet import MOONCAKE_NOISE, native_stderr_filtered
 from gyre_hpc.transfer.base import BufferPublisher, BufferPuller, describe_chunks
 
 
@@ -55,7 +55,7 @@ def start_engine(cfg: TransferConfig):
         raise TransferError(f"transfer.backend=mooncake needs mooncake-transfer-engine-non-cuda and the "
                             f"libibverbs1 system package: {exc}") from None
     for attempt in range(_START_ATTEMPTS):
-        with native_stderr_filtered(MOONCAKE_NOISE):  # its start-up lines are noise (gyre_hpc/quiet.py)
+        with native_stderr_filtered(MOONCAKE_NOISE):  # its start-up lines are noise (gyre_hpc/launcher/quiet.py)
             engine = TransferEngine()
             if cfg.protocol == "rdma" and not rdma_devices(engine):
                 raise TransferError("transfer.protocol=rdma but Mooncake finds no RDMA device on this host (it "

@@ -14,10 +14,10 @@ import pytest
 
 from slurm_cluster import local_slurm  # noqa: F401  (fixture)
 
-from gyre_hpc.listen import batch_lines
+from gyre_hpc.launcher.listen import batch_lines
 from gyre_hpc.live import bind_local
 from gyre_hpc.live.launch import mpirun_env
-from gyre_hpc.openmpi import LOCAL_EXPORTS
+from gyre_hpc.launcher.openmpi import LOCAL_EXPORTS
 
 WILDCARD = {"0.0.0.0", "::"}
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
@@ -113,7 +113,7 @@ def test_mpirun_and_the_tcp_btl_listen_on_loopback_and_the_world_still_wires_up(
 @pytest.mark.slurm
 @pytest.mark.mpi
 def test_srun_hands_the_shim_to_its_tasks_and_their_tcp_btl_listens_on_loopback(local_slurm, tmp_path):
-    """The batch lines the renderers write (gyre_hpc.listen.batch_lines), then one pmix world across 2 nodes."""
+    """The batch lines the renderers write (gyre_hpc.launcher.listen.batch_lines), then one pmix world across 2 nodes."""
     from test_local_cluster import mpi_sbatch
 
     prog = tmp_path / "mpi_probe.py"

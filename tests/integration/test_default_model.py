@@ -68,7 +68,7 @@ def test_the_trainer_and_every_engine_kind_load_the_initial_directory(run_dir):
 
 
 def test_the_local_engine_policy_holds_the_directory_weights(run_dir):
-    from gyre_hpc.engines.policy import MegatronPolicy
+    from gyre_hpc.localengine.policy import MegatronPolicy
     from gyre_hpc.models.check import hf_logits, megatron_logits, sample_ids
 
     cfg = run_init.for_run(load_config(CONFIG), run_dir)

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import torch
 
-from gyre_hpc import auth
+from gyre_hpc.net import auth
 from gyre_hpc.config import EngineConfig, ModelConfig
 from gyre_hpc.engines.client import EngineClient
 from gyre_hpc.engines.launch import EngineHandle, on_free_port, start_engine

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import torch
 
-from gyre_hpc import auth
+from gyre_hpc.net import auth
 from gyre_hpc.config import EngineConfig, ModelConfig, TrainConfig
 from gyre_hpc.engines.client import EngineClient
 from gyre_hpc.engines.launch import free_port, on_free_port, start_local_engine
@@ -384,7 +384,7 @@ def test_client_maps_an_unreachable_engine_to_engine_error():
 
 # ------------------------------------------------------------------------------------- sleep / wake
 def test_a_sleeping_engine_refuses_generation_and_wakes_with_the_same_weights_and_version(client, tmp_path):
-    from gyre_hpc.engines.policy import MegatronPolicy
+    from gyre_hpc.localengine.policy import MegatronPolicy
 
     seed_state = MegatronPolicy(MODEL, seed=SEED, threads=1).state()
     save_weights(tmp_path / "v7", {k: v + 0.01 for k, v in seed_state.items()}, "7")

@@ -12,9 +12,9 @@ import time
 import pytest
 
 from gyre_hpc.config import EngineConfig, ModelConfig
-from gyre_hpc.engines.policy import MegatronPolicy
+from gyre_hpc.localengine.policy import MegatronPolicy
 from gyre_hpc.engines.protocol import parse_generate
-from gyre_hpc.engines.scheduler import Scheduler
+from gyre_hpc.localengine.scheduler import Scheduler
 
 pytestmark = [pytest.mark.megatron]
 

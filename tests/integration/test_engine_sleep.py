@@ -4,7 +4,7 @@ woken engine that never loaded a weights directory reloads)."""
 import pytest
 
 from gyre_hpc.config import ModelConfig
-from gyre_hpc.engines.policy import MegatronPolicy
+from gyre_hpc.localengine.policy import MegatronPolicy
 
 pytestmark = [pytest.mark.megatron]
 

@@ -21,7 +21,7 @@ def engines_of_this_process() -> list[psutil.Process]:
     out = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if "gyre_hpc.engines.local" in " ".join(p.cmdline()):
+            if "gyre_hpc.localengine.server" in " ".join(p.cmdline()):
                 out.append(p)
         except psutil.Error:
             continue

@@ -110,7 +110,7 @@ def test_a_missing_or_foreign_tensor_is_refused_by_name(models):
 
 
 def test_engine_policy_serves_the_hf_model(models):
-    from gyre_hpc.engines.policy import MegatronPolicy
+    from gyre_hpc.localengine.policy import MegatronPolicy
     from gyre_hpc.models.check import hf_logits
 
     cfg = ModelConfig(hf_path=str(models["qwen2"]))

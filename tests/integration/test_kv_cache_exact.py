@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from gyre_hpc.config import EngineConfig, ModelConfig
-from gyre_hpc.engines import cached_forward
-from gyre_hpc.engines.policy import MegatronPolicy
+from gyre_hpc.localengine import cached_forward
+from gyre_hpc.localengine.policy import MegatronPolicy
 from gyre_hpc.engines.protocol import parse_generate
-from gyre_hpc.engines.scheduler import Scheduler
+from gyre_hpc.localengine.scheduler import Scheduler
 from gyre_hpc.errors import EngineError
 
 pytestmark = [pytest.mark.megatron]
@@ -190,7 +190,7 @@ def test_a_16k_token_context_decodes_exactly_on_the_cache():
 
 
 def test_the_http_flush_cache_empties_the_prefix_cache_and_server_info_shows_the_pool(policy):
-    from gyre_hpc.engines.local import LocalEngine
+    from gyre_hpc.localengine.server import LocalEngine
 
     engine = LocalEngine(Scheduler(policy, CACHED), CACHED)
 
@@ -212,7 +212,7 @@ def test_the_proxy_counts_the_engines_prefix_hits_of_a_run_that_sticks_to_its_en
     from fastapi.testclient import TestClient
 
     from gyre_hpc.config import ProxyConfig
-    from gyre_hpc.proxy.events import EventLog
+    from gyre_hpc.allocator.eventlog import EventLog
     from gyre_hpc.proxy.server import ProxyServer
     from gyre_hpc.proxy.service import ProxyService
 

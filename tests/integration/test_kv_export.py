@@ -1,4 +1,4 @@
-"""A run's KV blocks exported from one paged decoder and imported into another (gyre_hpc.engines.kvexport): the
+"""A run's KV blocks exported from one paged decoder and imported into another (gyre_hpc.localengine.kvexport): the
 continuation after the move equals the unmoved one, with no prefill; corrupt, stale or misfitting bundles are
 refused and leave the target unchanged."""
 import dataclasses
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from gyre_hpc.config import ModelConfig
-from gyre_hpc.engines.kvexport import export_blocks, import_blocks
-from gyre_hpc.engines.policy import MegatronPolicy
+from gyre_hpc.localengine.kvexport import export_blocks, import_blocks
+from gyre_hpc.localengine.policy import MegatronPolicy
 from gyre_hpc.errors import TransferError
 
 pytestmark = [pytest.mark.megatron]

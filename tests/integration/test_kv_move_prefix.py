@@ -1,4 +1,4 @@
-"""A moved request's KV blocks through the prefix cache (gyre_hpc.engines.kvprefix): the source's cached full
+"""A moved request's KV blocks through the prefix cache (gyre_hpc.localengine.kvprefix): the source's cached full
 blocks, imported into the target's prefix cache, turn the unchanged continuation into a prefix hit whose greedy
 tokens equal the unmoved run's; corrupt, stale or unfitting bundles are refused and leave the target unchanged."""
 import dataclasses
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from gyre_hpc.config import ModelConfig
-from gyre_hpc.engines.kvcache import KVPoolFull
-from gyre_hpc.engines.kvprefix import bundle_from, describe, export_prefix, import_prefix
-from gyre_hpc.engines.policy import MegatronPolicy
+from gyre_hpc.localengine.kvcache import KVPoolFull
+from gyre_hpc.localengine.kvprefix import bundle_from, describe, export_prefix, import_prefix
+from gyre_hpc.localengine.policy import MegatronPolicy
 from gyre_hpc.errors import TransferError
 
 pytestmark = [pytest.mark.megatron]

@@ -13,11 +13,11 @@ import time
 import httpx
 import pytest
 
-from gyre_hpc import auth
+from gyre_hpc.net import auth
 from gyre_hpc.config import EngineConfig, ModelConfig, ProxyConfig
 from gyre_hpc.engines.launch import on_free_port, start_local_engine
 from gyre_hpc.proxy.client import ProxyClient
-from gyre_hpc.proxy.events import read_events
+from gyre_hpc.allocator.eventlog import read_events
 from gyre_hpc.proxy.launch import start_proxy
 
 pytestmark = [pytest.mark.megatron, pytest.mark.mooncake, pytest.mark.slow]

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gyre_hpc import auth
+from gyre_hpc.net import auth
 from gyre_hpc.allocator.eventlog import read_events
 from live_run import AGENT_TIMEOUT, RunWatcher, run_live
 from slurm_cluster import mpirun  # noqa: F401  (fixture)

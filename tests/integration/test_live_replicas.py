@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gyre_hpc import auth
+from gyre_hpc.net import auth
 from gyre_hpc.allocator.eventlog import read_events
 from gyre_hpc.trajectory.records import read_tito
 from live_run import AGENT_TIMEOUT, RunWatcher, run_live

@@ -19,7 +19,7 @@ from live_run import launcher_env
 
 from gyre_hpc.engines import children
 from gyre_hpc.lifecycle.recovery import ORPHAN_EXIT
-from gyre_hpc.serving import PARENT_ENV
+from gyre_hpc.net.serving import PARENT_ENV
 
 pytestmark = [pytest.mark.slow]
 
@@ -88,7 +88,7 @@ def test_sigkill_of_the_starting_process_ends_its_engine_and_proxy_and_frees_the
 def test_a_service_whose_parent_is_gone_exits_on_its_own_watchdog(tmp_path):
     """No parent-death signal here (a plain Popen, as a process started by something else): the service's own
     watchdog (``serving.watch_parent``) notices the re-parenting and exits."""
-    child = "import time; from gyre_hpc.serving import watch_parent; watch_parent(); print('up', flush=True); " \
+    child = "import time; from gyre_hpc.net.serving import watch_parent; watch_parent(); print('up', flush=True); " \
             "time.sleep(3600)"
     middle = textwrap.dedent(f"""
         import os, subprocess, sys
@@ -106,7 +106,7 @@ def test_a_service_whose_parent_is_gone_exits_on_its_own_watchdog(tmp_path):
 
 def test_a_service_started_after_its_parent_died_exits_at_once():
     env = dict(os.environ, **{PARENT_ENV: "999999999"})  # a parent PID that is not this child's parent
-    code = "import time; from gyre_hpc.serving import watch_parent; watch_parent(); time.sleep(3600)"
+    code = "import time; from gyre_hpc.net.serving import watch_parent; watch_parent(); time.sleep(3600)"
     assert subprocess.run([sys.executable, "-c", code], env=env, timeout=120).returncode == ORPHAN_EXIT
 
 

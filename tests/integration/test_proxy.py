@@ -17,7 +17,7 @@ from gyre_hpc.config import EngineConfig, ModelConfig, ProxyConfig
 from gyre_hpc.engines.client import EngineClient
 from gyre_hpc.engines.launch import on_free_port, start_local_engine
 from gyre_hpc.proxy.client import ProxyClient
-from gyre_hpc.proxy.events import read_events
+from gyre_hpc.allocator.eventlog import read_events
 from gyre_hpc.proxy.launch import start_proxy
 from gyre_hpc.proxy.routing import ProxyError
 from gyre_hpc.trajectory.records import read_tito

@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from gyre_hpc import auth
+from gyre_hpc.net import auth
 from gyre_hpc.engines.launch import free_port
 from gyre_hpc.models.init import init_model
 from gyre_hpc.trajectory.records import read_tito

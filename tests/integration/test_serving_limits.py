@@ -1,4 +1,4 @@
-"""Every HTTP listener's guard (gyre_hpc/serving.py), tried on a real proxy process with small limits.
+"""Every HTTP listener's guard (gyre_hpc/net/serving.py), tried on a real proxy process with small limits.
 
 Authentication: every route of the proxy is called without a token, with a wrong one, and with an agent's run key
 (which reaches only its own run's calls). Limits: a slow request head (slowloris), a slow body, bodies over the
@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from gyre_hpc import auth
+from gyre_hpc.net import auth
 from gyre_hpc.config import HttpConfig, ProxyConfig
 from gyre_hpc.engines.launch import on_free_port
 from gyre_hpc.proxy.launch import start_proxy

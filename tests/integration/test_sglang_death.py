@@ -20,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from gyre_hpc import auth
+from gyre_hpc.net import auth
 from gyre_hpc.allocator.eventlog import read_events
 from live_run import RunWatcher, run_live
 from slurm_cluster import mpirun  # noqa: F401  (fixture)

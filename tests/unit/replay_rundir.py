@@ -1,4 +1,4 @@
-"""Write a small live run directory in the real record formats (live/root.py, rollouts.py, allocator/live.py)
+"""Write a small live run directory in the real record formats (live/root.py, rollouts.py, allocator/executor.py)
 for the replay tests: the facts are chosen by the test, so the replay's prediction can be derived by hand."""
 from __future__ import annotations
 

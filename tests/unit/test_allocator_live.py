@@ -5,7 +5,7 @@ import pytest
 
 from allocator_world import SCHED
 from gyre_hpc.allocator import transitions as tr
-from gyre_hpc.allocator.live import LiveExecutor
+from gyre_hpc.allocator.executor import LiveExecutor
 from gyre_hpc.allocator.messages import (Bye, CellFailed, EngineDied, EngineRestarted, GroupsReady, Heartbeat, Hello,
                                          RunsChanged, SwitchDone, SwitchTo, TrainProgress)
 from gyre_hpc.allocator.policies import make_policy

@@ -1,10 +1,10 @@
-"""The job secret and run keys (gyre_hpc/auth.py): what each token grants, and the secret file's mode."""
+"""The job secret and run keys (gyre_hpc/net/auth.py): what each token grants, and the secret file's mode."""
 from __future__ import annotations
 
 import os
 import stat
 
-from gyre_hpc import auth
+from gyre_hpc.net import auth
 
 SECRET = "s3cret-of-the-job"
 

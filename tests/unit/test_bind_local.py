@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gyre_hpc.errors import ConfigError
-from gyre_hpc.listen import ENV
+from gyre_hpc.launcher.listen import ENV
 from gyre_hpc.live import bind_local
 from gyre_hpc.live.launch import mpirun_env
 
@@ -223,7 +223,7 @@ def test_an_interface_this_machine_lacks_is_a_config_error_naming_the_key():
 def test_engines_and_the_proxy_keep_the_shims_interface_only_when_it_is_loopback(monkeypatch, interface, kept):
     """A service's internal wildcard listeners (torch's TCPStore) are reached at 127.0.0.1: another interface's
     address would refuse them, so there the inherited shim is told nothing and binds nothing."""
-    from gyre_hpc import auth
+    from gyre_hpc.net import auth
     from gyre_hpc.engines.children import child_env
 
     monkeypatch.setenv(auth.ENV, "s" * 43)
@@ -234,7 +234,7 @@ def test_engines_and_the_proxy_keep_the_shims_interface_only_when_it_is_loopback
 
 def test_a_service_started_without_the_shims_variable_gets_an_environment_without_it(monkeypatch):
     """Engines and proxies started outside a run (tests, ``gyre serve``) have no GYRE_LISTEN_INTERFACE at all."""
-    from gyre_hpc import auth
+    from gyre_hpc.net import auth
     from gyre_hpc.engines.children import child_env
 
     monkeypatch.setenv(auth.ENV, "s" * 43)

@@ -16,7 +16,7 @@ JOBS = PACKAGE.parent / "jobs"
 
 ANY_OK = {
     "gyre_hpc/config.py:to_dict",  # any config dataclass, the root or a section
-    "gyre_hpc/hf_config.py:resolve_fields",  # a ModelConfig; this module sits below config and cannot name it
+    "gyre_hpc/files/hf_config.py:resolve_fields",  # a ModelConfig; this module sits below config and cannot name it
 }
 
 ROOT_OK = {

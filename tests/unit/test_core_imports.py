@@ -8,8 +8,8 @@ import gyre_hpc
 
 #: Edge modules (and packages) that may import torch, MPI, Mooncake, submitit, matplotlib, sockets...
 EDGE_PREFIXES = (
-    "gyre_hpc.train", "gyre_hpc.engines", "gyre_hpc.transfer", "gyre_hpc.live", "gyre_hpc.proxy",
-    "gyre_hpc.report", "gyre_hpc.serving", "gyre_hpc.cli", "gyre_hpc.slurm.submit", "gyre_hpc.trajectory.collate",
+    "gyre_hpc.train", "gyre_hpc.engines", "gyre_hpc.localengine", "gyre_hpc.transfer", "gyre_hpc.live", "gyre_hpc.proxy",
+    "gyre_hpc.report", "gyre_hpc.net.serving", "gyre_hpc.cli", "gyre_hpc.slurm.submit", "gyre_hpc.trajectory.collate",
     "gyre_hpc.allocator.mpi_transport", "gyre_hpc.allocator.server",
     "gyre_hpc.agents.harness", "gyre_hpc.agents.closed_loop",
     "gyre_hpc.agents.grader", "gyre_hpc.agents.plugins", "gyre_hpc.agents.task_check", "gyre_hpc.agents.sandbox_launch",

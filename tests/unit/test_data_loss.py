@@ -1,4 +1,4 @@
-"""Lost groups of a live run: one event each, the share that stops the run, the summary (runtime.dataloss)."""
+"""Lost groups of a live run: one event each, the share that stops the run, the summary (live.dataloss)."""
 import pytest
 
 from gyre_hpc.config import load_config

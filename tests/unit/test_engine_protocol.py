@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from gyre_hpc.engines import protocol as P
-from gyre_hpc.engines.sampling import kept_mask, log_softmax, sample
+from gyre_hpc.localengine.sampling import kept_mask, log_softmax, sample
 from gyre_hpc.errors import EngineError
 
 
@@ -15,7 +15,7 @@ def test_sampling_defaults_follow_sglang_and_engine_default_max_new_tokens():
 
 
 def test_unknown_sampling_key_names_the_key_and_lists_valid_keys():
-    with pytest.raises(P.ProtocolError) as err:
+    with pytest.raises(P.EngineRequestError) as err:
         P.parse_sampling_params({"max_new_tokens": 3, "temprature": 0.7})
     assert err.value.status == 400 and err.value.key == "sampling_params.temprature"
     assert "valid keys: max_new_tokens, temperature" in str(err.value)
@@ -27,7 +27,7 @@ def test_unknown_sampling_key_names_the_key_and_lists_valid_keys():
     ("sampling_seed", 1.5), ("temperature", float("nan")),
 ])
 def test_out_of_range_or_mistyped_sampling_values_are_refused(key, value):
-    with pytest.raises(P.ProtocolError) as err:
+    with pytest.raises(P.EngineRequestError) as err:
         P.parse_sampling_params({key: value})
     assert err.value.key.startswith(f"sampling_params.{key}")
 
@@ -38,7 +38,7 @@ def test_unimplemented_sglang_keys_pass_only_at_their_default():
     assert sp == P.SamplingParams()
     for key, value in [("frequency_penalty", 0.5), ("n", 2), ("stop", ["\n"]), ("skip_special_tokens", 1),
                        ("regex", "a+")]:
-        with pytest.raises(P.ProtocolError, match="not supported by the local engine"):
+        with pytest.raises(P.EngineRequestError, match="not supported by the local engine"):
             P.parse_sampling_params({key: value})
 
 
@@ -66,7 +66,7 @@ def test_generate_body_is_validated_and_rid_is_generated_when_missing():
     ({"input_ids": [1], "return_logprob": "yes"}, "return_logprob"), ([1, 2], "body"),
 ])
 def test_bad_generate_bodies_name_the_offending_key(body, key):
-    with pytest.raises(P.ProtocolError) as err:
+    with pytest.raises(P.EngineRequestError) as err:
         P.parse_generate(body, vocab_size=10)
     assert err.value.key == key
 
@@ -80,7 +80,7 @@ def test_generate_accepts_sglang_top_level_defaults():
 # ------------------------------------------------------------------------------------------------- control
 def test_control_bodies_have_sglang_defaults_and_refuse_bad_values():
     assert P.parse_pause({}) == "abort" and P.parse_pause({"mode": "retract"}) == "retract"
-    with pytest.raises(P.ProtocolError, match="mode"):
+    with pytest.raises(P.EngineRequestError, match="mode"):
         P.parse_pause({"mode": "sleep"})
     assert P.parse_abort({"rid": "x"}) == ("x", False) and P.parse_abort({"abort_all": True}) == (None, True)
     assert P.parse_update_weight_version({"new_version": "3"}) == ("3", True)
@@ -88,7 +88,7 @@ def test_control_bodies_have_sglang_defaults_and_refuse_bad_values():
     assert upd == P.DiskUpdate("/w", "2", False, True)
     for bad, key in [({}, "model_path"), ({"model_path": "/w", "weight_version": 2}, "weight_version"),
                      ({"model_path": "/w", "colour": 1}, "colour")]:
-        with pytest.raises(P.ProtocolError) as err:
+        with pytest.raises(P.EngineRequestError) as err:
             P.parse_update_from_disk(bad)
         assert err.value.key == key
 

@@ -1,7 +1,7 @@
 """Fixed batches as the simulator forms them: whole, in admission order, each waiting for its slowest group."""
 import pytest
 
-from gyre_hpc.live.batches import FixedBatches
+from gyre_hpc.allocator.batches import FixedBatches
 
 
 def test_a_batch_goes_out_only_when_all_its_groups_are_ready_in_admission_order():

@@ -2,7 +2,7 @@
 re-issued gids, then the new ones, and batches are cut from that order B at a time."""
 import pytest
 
-from gyre_hpc.live.batches import FixedBatches
+from gyre_hpc.allocator.batches import FixedBatches
 
 
 def test_reissued_queries_head_the_admission_order_and_batches_follow_it():

@@ -5,7 +5,7 @@ import pytest
 
 from gyre_hpc.config import ModelConfig, load_config
 from gyre_hpc.errors import ConfigError, UnsupportedModelError
-from gyre_hpc.hf_config import SUPPORTED, hf_config_dict, model_fields
+from gyre_hpc.files.hf_config import SUPPORTED, hf_config_dict, model_fields
 
 QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 1024, "hidden_size": 64,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
@@ -95,7 +95,7 @@ def test_yield_to_checkpoint_drops_exactly_the_conflicting_fields_so_the_section
     from pathlib import Path
 
     from gyre_hpc.config import GyreConfig, apply_overrides, build, read_yaml
-    from gyre_hpc.hf_config import yield_to_checkpoint
+    from gyre_hpc.files.hf_config import yield_to_checkpoint
 
     path = model_dir(tmp_path, QWEN3)  # configs/local.yaml's model but vocab 1024, head_dim 32, tied
     data = apply_overrides(read_yaml(Path(__file__).parents[2] / "configs" / "local.yaml"),

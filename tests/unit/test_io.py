@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from gyre_hpc.io import atomic_dir, atomic_write_json, atomic_write_text, make_run_dir
+from gyre_hpc.files.io import atomic_dir, atomic_write_json, atomic_write_text, make_run_dir
 
 
 def test_atomic_write_replaces_whole_file_and_leaves_no_temp(tmp_path):

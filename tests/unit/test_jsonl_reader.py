@@ -1,10 +1,10 @@
-"""The one JSONL reader (gyre_hpc/jsonl.py): lines end at \\n only, bad bytes and bad JSON are per-line problems."""
+"""The one JSONL reader (gyre_hpc/files/jsonl.py): lines end at \\n only, bad bytes and bad JSON are per-line problems."""
 import json
 
 import pytest
 
 from gyre_hpc.errors import GyreError, WorkloadError
-from gyre_hpc.jsonl import read_objects, scan
+from gyre_hpc.files.jsonl import read_objects, scan
 
 
 def write(tmp_path, data: bytes):

@@ -1,7 +1,7 @@
-"""The paged KV cache's bookkeeping (gyre_hpc.engines.kvcache): tables, prefix hits, ref counts, LRU, refusal."""
+"""The paged KV cache's bookkeeping (gyre_hpc.localengine.kvcache): tables, prefix hits, ref counts, LRU, refusal."""
 import pytest
 
-from gyre_hpc.engines.kvcache import BlockManager, KVPoolFull, block_hash
+from gyre_hpc.localengine.kvcache import BlockManager, KVPoolFull, block_hash
 
 B = 4
 

@@ -1,4 +1,4 @@
-"""cluster.listen_interface: which interface each launch path binds (gyre_hpc.listen), the key's check at load, and
+"""cluster.listen_interface: which interface each launch path binds (gyre_hpc.launcher.listen), the key's check at load, and
 the lines the SLURM renderers write (the sbatch script runs under bash with srun and scontrol replaced at their
 boundary: the srun double notes what srun itself and the step's tasks would get)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from gyre_hpc import listen
+from gyre_hpc.launcher import listen
 from gyre_hpc.config import load_config
 from gyre_hpc.errors import ConfigError
 from gyre_hpc.slurm.jobspec import setup_lines

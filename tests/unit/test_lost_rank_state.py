@@ -10,7 +10,7 @@ import pytest
 from gyre_hpc.lifecycle import resume
 from gyre_hpc.lifecycle.recovery import StopKind
 from gyre_hpc.errors import CheckpointError
-from gyre_hpc.io import atomic_dir
+from gyre_hpc.files.io import atomic_dir
 from gyre_hpc.live import lost
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from gyre_hpc.config import GyreConfig, ModelConfig, build
 from gyre_hpc.errors import ConfigError, UnsupportedModelError
-from gyre_hpc.hf_config import hf_config_dict, model_fields
+from gyre_hpc.files.hf_config import hf_config_dict, model_fields
 
 MOE = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 1024, "hidden_size": 64,
        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,

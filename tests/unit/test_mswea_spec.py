@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from gyre_hpc import auth
+from gyre_hpc.net import auth
 from gyre_hpc.agents.mswea import agent_env, run_spec
 from gyre_hpc.config import MiniSweAgentConfig, load_config
 from gyre_hpc.errors import ConfigError

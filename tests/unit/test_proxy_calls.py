@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from gyre_hpc.engines.protocol import GenerateResult, generate_response
-from gyre_hpc.proxy.calls import Segment, answer, continuation, parse_call, tito_call
+from gyre_hpc.proxy.calls import CallSegment, answer, continuation, parse_call, tito_call
 from gyre_hpc.proxy.routing import ProxyError
 from gyre_hpc.trajectory.records import read_tito, write_tito, Outcome, RunStatus
 
@@ -17,7 +17,7 @@ def call(**sampling):
 
 
 def seg(engine, out, versions, finish="abort"):
-    return Segment(engine, tuple(out), tuple(-0.5 for _ in out), tuple(versions), {"type": finish})
+    return CallSegment(engine, tuple(out), tuple(-0.5 for _ in out), tuple(versions), {"type": finish})
 
 
 def engine_answer(out, spans, finish, version=None, logprobs=True):
@@ -77,15 +77,15 @@ def test_a_call_whose_partial_output_is_complete_needs_no_continuation():
 
 # ----------------------------------------------------------------------------------------------- segments
 def test_segment_versions_come_from_spans_or_from_the_single_version():
-    s = Segment.of("e0", engine_answer([4, 4, 4], [("3", 0, 2), ("4", 2, 3)], {"type": "length", "length": 3}))
+    s = CallSegment.of("e0", engine_answer([4, 4, 4], [("3", 0, 2), ("4", 2, 3)], {"type": "length", "length": 3}))
     assert s.versions == ("3", "3", "4") and s.logprobs == (-0.25,) * 3 and not s.aborted
-    s = Segment.of("e0", engine_answer([4, 4], [], {"type": "abort"}, version="5"))
+    s = CallSegment.of("e0", engine_answer([4, 4], [], {"type": "abort"}, version="5"))
     assert s.versions == ("5", "5") and s.aborted
 
 
 def test_segment_without_logprobs_is_a_502():
     with pytest.raises(ProxyError, match="output_token_logprobs") as err:
-        Segment.of("e0", engine_answer([4], [("0", 0, 1)], {"type": "length"}, logprobs=False))
+        CallSegment.of("e0", engine_answer([4], [("0", 0, 1)], {"type": "length"}, logprobs=False))
     assert err.value.status == 502
 
 

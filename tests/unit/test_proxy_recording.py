@@ -8,7 +8,8 @@ import pytest
 
 from gyre_hpc.config import load_config
 from gyre_hpc.errors import ConfigError, ProtocolError
-from gyre_hpc.proxy.events import proxy_log, read_events
+from gyre_hpc.allocator.eventlog import read_events
+from gyre_hpc.proxy.events import proxy_log
 from gyre_hpc.proxy.movers import MovePlan, ReprefillMover, make_mover
 from gyre_hpc.proxy.recorder import TitoRecorder
 from gyre_hpc.proxy.routing import ProxyError

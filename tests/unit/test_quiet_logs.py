@@ -22,7 +22,7 @@ def python(code: str, verbose: str | None = None) -> subprocess.CompletedProcess
 
 NATIVE = f"""
     import os, sys
-    from gyre_hpc.quiet import MOONCAKE_NOISE, native_stderr_filtered
+    from gyre_hpc.launcher.quiet import MOONCAKE_NOISE, native_stderr_filtered
     os.write(2, b"before\\n")
     try:
         with native_stderr_filtered(MOONCAKE_NOISE):
@@ -49,7 +49,7 @@ def test_verbose_mode_keeps_every_line(value):
 
 WARN = """
     import warnings
-    from gyre_hpc import quiet
+    from gyre_hpc.launcher import quiet
     print(quiet.configure({flag}))
     warnings.warn_explicit("coroutine 'connect_tcp.<locals>.try_connect' was never awaited", RuntimeWarning,
                            "anyio/_core/_sockets.py", 1)
@@ -67,7 +67,7 @@ def test_quiet_mode_ignores_the_anyio_warning_but_not_others():
 def test_verbose_flag_reaches_child_processes_and_an_inherited_setting_stands():
     child = ("import subprocess, sys; "
              "subprocess.run([sys.executable, '-c', 'import os; print(os.environ.get(\"GYRE_VERBOSE\"))'])")
-    code = f"from gyre_hpc import quiet; quiet.configure({{flag}}); exec({child!r})"
+    code = f"from gyre_hpc.launcher import quiet; quiet.configure({{flag}}); exec({child!r})"
     assert python(code.format(flag=True)).stdout == b"1\n"  # --verbose: exported to the child
     assert python(code.format(flag=False)).stdout == b"None\n"  # default: quiet everywhere
     assert python(code.format(flag=False), verbose="1").stdout == b"1\n"  # a rank keeps what its launcher chose

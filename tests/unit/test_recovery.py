@@ -4,7 +4,7 @@ test_slurm_relaunch.py; the requeue counts: test_rank_signals.py, test_submitit_
 import pytest
 
 from gyre_hpc.lifecycle import recovery
-from gyre_hpc.lifecycle.recovery import (EXIT, Action, Outcome, OutcomeKind, Segment, StopKind, StopReason, decide,
+from gyre_hpc.lifecycle.recovery import (EXIT, Action, JobOutcome, OutcomeKind, LaunchSegment, StopKind, StopReason, decide,
                                          outcome_of, step_segment)
 
 
@@ -17,9 +17,9 @@ def test_every_outcome_has_its_own_exit_status_and_the_table_inverts():
 
 
 def test_an_outcome_reports_the_status_of_its_kind():
-    assert Outcome(OutcomeKind.PREEMPTED).exit == recovery.PREEMPTED_EXIT
-    assert Outcome(OutcomeKind.FINISHED, summary={"error": "data loss: 3 of 4"}).failed
-    assert not Outcome(OutcomeKind.FINISHED, summary={"steps": 4}).failed
+    assert JobOutcome(OutcomeKind.PREEMPTED).exit == recovery.PREEMPTED_EXIT
+    assert JobOutcome(OutcomeKind.FINISHED, summary={"error": "data loss: 3 of 4"}).failed
+    assert not JobOutcome(OutcomeKind.FINISHED, summary={"steps": 4}).failed
 
 
 @pytest.mark.parametrize("reason", [
@@ -42,15 +42,15 @@ def test_the_text_of_a_stop_reason_is_what_cells_and_events_have_always_read():
     assert StopReason(StopKind.RANK_LOST, "x").saves_resume and not StopReason(StopKind.ERROR, "x").saves_resume
 
 
-def seg(**kw) -> Segment:
+def seg(**kw) -> LaunchSegment:
     base = dict(exit=69, saved=True, resume_state=True, resumed=False, preempted=False)
-    return Segment(**{**base, **kw})
+    return LaunchSegment(**{**base, **kw})
 
 
 def test_the_launcher_relaunches_a_lost_rank_requeues_a_preemption_and_lets_anything_else_fail():
-    assert decide(seg(), 0, 2) == recovery.Decision(Action.RELAUNCH, 69, "rank_lost")
+    assert decide(seg(), 0, 2) == recovery.RecoveryDecision(Action.RELAUNCH, 69, "rank_lost")
     assert decide(seg(exit=75), 0, 2).action is Action.REQUEUE
-    assert decide(seg(), 2, 2) == recovery.Decision(Action.FAIL, 69)
+    assert decide(seg(), 2, 2) == recovery.RecoveryDecision(Action.FAIL, 69)
     assert decide(seg(exit=0), 0, 2).action is Action.FAIL
 
 

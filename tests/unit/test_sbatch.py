@@ -9,7 +9,7 @@ import pytest
 
 from gyre_hpc.config import load_config
 from gyre_hpc.errors import ConfigError, LayoutError
-from gyre_hpc.slurm_options import EXTRA_OPTIONS
+from gyre_hpc.launcher.slurm_options import EXTRA_OPTIONS
 from gyre_hpc.slurm.sbatch import SCRIPTS, node_count, render_sbatch
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,7 +2,7 @@
 takes a leading '-' for an option: the server exits at start)."""
 import secrets
 
-from gyre_hpc import auth
+from gyre_hpc.net import auth
 
 
 def test_a_generated_secret_never_starts_with_a_dash(monkeypatch):

@@ -11,14 +11,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.sim_gyre_advantage import BASE, POLICIES, Point, decompose, permute, simulate, tail  # noqa: E402
-from gyre_hpc.allocator.sim.workload import Workload  # noqa: E402
+from gyre_hpc.allocator.sim.workload import SimWorkload  # noqa: E402
 
 TRACE = "tests/unit/data/live_genbound_load/gyre-t1"
 
 
 def _wl():
     work = np.array([1.0, 2.0, 4.0, math.inf, 8.0, 0.5])
-    return Workload(work, np.full(6, 10.0), np.full(6, math.inf), np.array([0, 2, 4, 6]), 0.5)
+    return SimWorkload(work, np.full(6, 10.0), np.full(6, math.inf), np.array([0, 2, 4, 6]), 0.5)
 
 
 def test_seed_zero_is_the_trace_order_and_other_seeds_reorder_whole_queries():

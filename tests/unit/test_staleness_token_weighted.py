@@ -10,7 +10,7 @@ import json
 from allocator_world import SCHED
 from gyre_hpc.lifecycle import resume
 from gyre_hpc.allocator import transitions as tr
-from gyre_hpc.allocator.live import LiveExecutor
+from gyre_hpc.allocator.executor import LiveExecutor
 from gyre_hpc.allocator.messages import GroupsReady, Hello, TrainProgress
 from gyre_hpc.allocator.policies import make_policy
 from gyre_hpc.allocator.sim.compare import compare

@@ -7,13 +7,13 @@ import pytest
 
 from gyre_hpc.errors import ConfigError
 from gyre_hpc.lifecycle import recovery
-from gyre_hpc.lifecycle.recovery import PREEMPTED_EXIT, Segment, relaunch_reason
+from gyre_hpc.lifecycle.recovery import PREEMPTED_EXIT, LaunchSegment, relaunch_reason
 from gyre_hpc.live import supervise
 
 
 def seg(exit=69, saved=True, resume_state=True, resumed=False, preempted=False, stepped=True,
-        checkpointed=False, started=True) -> Segment:
-    return Segment(exit=exit, saved=saved, resume_state=resume_state, resumed=resumed, preempted=preempted,
+        checkpointed=False, started=True) -> LaunchSegment:
+    return LaunchSegment(exit=exit, saved=saved, resume_state=resume_state, resumed=resumed, preempted=preempted,
                    stepped=stepped, checkpointed=checkpointed, started=started)
 
 

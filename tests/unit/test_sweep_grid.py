@@ -4,7 +4,7 @@ import csv
 import pytest
 
 from gyre_hpc.errors import ConfigError
-from gyre_hpc.sweep import (COMPLETED, Axis, Outcome, expand, load_elements, markdown_table, metric_columns,
+from gyre_hpc.sweep import (COMPLETED, Axis, ElementOutcome, expand, load_elements, markdown_table, metric_columns,
                             parse_grid, result_rows, split_values, write_results)
 
 SMALL = "configs/sim/small.yaml"
@@ -84,8 +84,8 @@ def test_a_missing_config_fails_once_naming_the_file(tmp_path):
 
 
 def outcomes():
-    return [Outcome(COMPLETED, {"gyre_hours": 1.5, "colocate_hours": 2.0}, job_id="7_0"),
-            Outcome("FAILED", {}, "Traceback (most recent call last):\n  File x\nSchedulingError: a | b\n", "7_1")]
+    return [ElementOutcome(COMPLETED, {"gyre_hours": 1.5, "colocate_hours": 2.0}, job_id="7_0"),
+            ElementOutcome("FAILED", {}, "Traceback (most recent call last):\n  File x\nSchedulingError: a | b\n", "7_1")]
 
 
 def test_failed_elements_keep_their_row_with_the_error_tail():

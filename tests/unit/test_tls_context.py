@@ -1,7 +1,7 @@
-"""Every HTTP client of a process shares one TLS context (gyre_hpc/tls.py), built once, verifying as httpx's default."""
+"""Every HTTP client of a process shares one TLS context (gyre_hpc/net/tls.py), built once, verifying as httpx's default."""
 import ssl
 
-from gyre_hpc import tls
+from gyre_hpc.net import tls
 from gyre_hpc.engines.client import AsyncEngineClient, EngineClient
 from gyre_hpc.proxy.client import ProxyClient
 

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from gyre_hpc.cli import main
-from gyre_hpc.io import atomic_write_many
+from gyre_hpc.files.io import atomic_write_many
 
 OUTCOME = {"type": "outcome", "run_id": "q0-r0", "query_id": "q0", "status": "scored", "score": 0.5, "t_end": 3.0}
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from gyre_hpc.config import ModelConfig
-from gyre_hpc.engines.protocol import ProtocolError
-from gyre_hpc.engines.weight_routes import parse_init_group, parse_update_distributed, to_model_names
+from gyre_hpc.engines.protocol import EngineRequestError
+from gyre_hpc.localengine.weight_routes import parse_init_group, parse_update_distributed, to_model_names
 from gyre_hpc.engines.weight_sync import dtype_name, engine_tensors, hf_names
 from gyre_hpc.train.hf_weights import entries
 
@@ -65,10 +65,10 @@ def test_init_group_body_takes_sglangs_keys_and_refuses_nccl_on_the_cpu_engine()
     body = {"master_address": "127.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 2,
             "group_name": "g", "backend": "gloo"}
     assert parse_init_group(body)["rank_offset"] == 1
-    with pytest.raises(ProtocolError) as err:
+    with pytest.raises(EngineRequestError) as err:
         parse_init_group({**body, "backend": "nccl"})
     assert err.value.key == "backend"
-    with pytest.raises(ProtocolError) as err:
+    with pytest.raises(EngineRequestError) as err:
         parse_init_group({**body, "rank_offset": 2})
     assert err.value.key == "rank_offset"
 
@@ -78,7 +78,7 @@ def test_update_body_needs_matching_names_dtypes_and_shapes_and_defaults_to_no_a
     u = parse_update_distributed(body)
     assert u["abort_all"] is False and u["flush_cache"] is True and u["version"] == "3"
     for key, bad in (("dtypes", ["float32"]), ("shapes", [[2, 3], ["x"]]), ("names", []), ("load_format", "x")):
-        with pytest.raises(ProtocolError) as err:
+        with pytest.raises(EngineRequestError) as err:
             parse_update_distributed({**body, key: bad})
         assert err.value.key == key
 

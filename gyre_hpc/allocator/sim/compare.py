@@ -31,7 +31,7 @@ def queries_needed(cfg: GyreConfig) -> int:
     return int((cfg.sim.steps + cfg.scheduler.max_window_batches + 2) * b)
 
 
-def simulate_policy(cfg: GyreConfig, name: str, wl: workload_mod.Workload) -> tuple[Simulation, dict[str, float]]:
+def simulate_policy(cfg: GyreConfig, name: str, wl: workload_mod.SimWorkload) -> tuple[Simulation, dict[str, float]]:
     policy = make_policy(name, cfg.scheduler, cfg.cluster.cells)
     sim = Simulation(policy, cfg.sim, cfg.scheduler, wl, cfg.cluster.cells, cfg.workload.timeout_h * 3600.0)
     compute = WallClock()  # the simulator's own compute time (its clock is virtual)

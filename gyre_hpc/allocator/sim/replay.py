@@ -53,10 +53,10 @@ from gyre_hpc.allocator.eventlog import read_events
 from gyre_hpc.allocator.policies import validate
 from gyre_hpc.allocator.sim.compare import queries_needed, simulate_policy
 from gyre_hpc.allocator.sim.engine_load import Curve, LoadSeries, calls_by_run, run_nominal
-from gyre_hpc.allocator.sim.workload import Workload
+from gyre_hpc.allocator.sim.workload import SimWorkload
 from gyre_hpc.config import GyreConfig, apply_overrides, build, read_yaml, to_dict
 from gyre_hpc.errors import ConfigError, GyreError, SchedulingError, WorkloadError
-from gyre_hpc.jsonl import read_objects
+from gyre_hpc.files.jsonl import read_objects
 
 UNBOUNDED = 1e12  # sim.half_load / kv_slots_per_cell: measured durations already hold the live load
 PULL_BYTES_PER_S = 1e9
@@ -184,7 +184,7 @@ def _censored(gid: int, t_admit: float, stop_wall: float, runs: int) -> dict:
 
 @dataclass(frozen=True)
 class Calibration:
-    workload: Workload
+    workload: SimWorkload
     sim: dict[str, Any]       # the sim section's values measured on the run
     span_s: float             # measured: first admission → last optimizer step
     facts: dict[str, Any]     # counts for the report
@@ -197,7 +197,7 @@ def _mean(xs: Sequence[float], default: float = 0.0) -> float:
 _Load = tuple[Curve, LoadSeries, dict]  # the engines' curve, the measured load, call intervals per (gid, run)
 
 
-def _workload(groups: list[dict], timeout_s: float, load: _Load | None = None) -> Workload:
+def _workload(groups: list[dict], timeout_s: float, load: _Load | None = None) -> SimWorkload:
     """One trace run per live run; with ``load`` each duration becomes nominal work (``sim/engine_load.py``: exactly
     from its calls where the TITO has them, else through the curve's tool fraction), else it is taken as measured."""
     known = [g["tokens"] for g in groups if not g["censored"]]
@@ -213,7 +213,7 @@ def _workload(groups: list[dict], timeout_s: float, load: _Load | None = None) -
             rate.append(per_run / (max(timeout_s, w) if out and load is None else w))
     offsets = np.concatenate([[0], np.cumsum([len(g["end_s"]) for g in groups])])
     tool_frac = 0.0 if load is None else load[0].tool_frac
-    return Workload(np.array(work), np.array(rate), np.full(len(work), math.inf), offsets, tool_frac)
+    return SimWorkload(np.array(work), np.array(rate), np.full(len(work), math.inf), offsets, tool_frac)
 
 
 def _nominal(load: _Load, g: dict, i: int, end: float) -> float:

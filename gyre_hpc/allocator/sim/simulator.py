@@ -39,7 +39,7 @@ from gyre_hpc.allocator.sim.events import EventQueue
 from gyre_hpc.allocator.sim.rollout import DONE, PARKED, RolloutPool
 from gyre_hpc.allocator.batches import FixedBatches
 from gyre_hpc.allocator.sim.trainer import PULL_DONE, TrainerSide
-from gyre_hpc.allocator.sim.workload import Workload
+from gyre_hpc.allocator.sim.workload import SimWorkload
 from gyre_hpc.allocator.staleness import LagLedger
 from gyre_hpc.allocator.state import CellState, SchedState
 from gyre_hpc.allocator.types import Admit, Role, Switch, WakeAt
@@ -50,7 +50,7 @@ CELL_DONE, TIMEOUT, SWITCH_DONE, WAKE = 0, 1, 2, 6  # 3, 4, 5: trainer events (s
 
 
 class Simulation(TrainerSide):
-    def __init__(self, policy: Policy, sim: SimConfig, sched: SchedulerConfig, wl: Workload, cells: int,
+    def __init__(self, policy: Policy, sim: SimConfig, sched: SchedulerConfig, wl: SimWorkload, cells: int,
                  timeout_s: float):
         self.policy, self.sim, self.B, self.timeout = policy, sim, sched.batch_groups, timeout_s
         self.wl = wl

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gyre_hpc.allocator.sim.compare import queries_needed, simulate_policy, validate_all
-from gyre_hpc.allocator.sim.workload import Workload
+from gyre_hpc.allocator.sim.workload import SimWorkload
 from gyre_hpc.config import GyreConfig, apply_overrides, build, to_dict
 from gyre_hpc.errors import ConfigError, SchedulingError
 
@@ -83,7 +83,7 @@ def _with(cfg: GyreConfig, point: dict[str, Any]) -> Any:
     return build(type(cfg), data)
 
 
-def evaluate(cfg: GyreConfig, wl: Workload) -> tuple[float, dict[str, float], bool]:
+def evaluate(cfg: GyreConfig, wl: SimWorkload) -> tuple[float, dict[str, float], bool]:
     """(objective, hours per policy, feasible) of ``cfg`` on ``wl``; a stalled simulation is infeasible."""
     hours, feasible = {}, True
     bound = STALENESS_SLACK * cfg.scheduler.staleness_target
@@ -98,7 +98,7 @@ def evaluate(cfg: GyreConfig, wl: Workload) -> tuple[float, dict[str, float], bo
     return score, hours, feasible
 
 
-def tune(cfg: GyreConfig, wl: Workload, budget: int = 24, query_s: float = 3600.0,
+def tune(cfg: GyreConfig, wl: SimWorkload, budget: int = 24, query_s: float = 3600.0,
          progress: Callable[[str], None] | None = None) -> Tuning:
     """Coordinate descent over ``SPACE`` (module docstring); ``wl`` must hold ``queries_needed(cfg)`` queries."""
     if budget < 1:
@@ -141,7 +141,7 @@ def tune(cfg: GyreConfig, wl: Workload, budget: int = 24, query_s: float = 3600.
     return Tuning(start, best, best_hours, best_s, start_s, record)
 
 
-def workload_for(cfg: GyreConfig) -> Workload:
+def workload_for(cfg: GyreConfig) -> SimWorkload:
     """The workload ``gyre simulate`` would use for ``cfg``."""
     from gyre_hpc.allocator.sim import workload as workload_mod
 

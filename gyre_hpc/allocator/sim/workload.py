@@ -44,11 +44,11 @@ import numpy as np
 
 from gyre_hpc.config import SimConfig, WorkloadConfig
 from gyre_hpc.errors import WorkloadError
-from gyre_hpc.jsonl import read_objects
+from gyre_hpc.files.jsonl import read_objects
 
 
 @dataclass(frozen=True)
-class Workload:
+class SimWorkload:
     """Runs grouped by query: run r of query q is ``offsets[q] <= r < offsets[q+1]``."""
 
     work_s: np.ndarray           # nominal work (s) per run; inf = never finishes
@@ -65,12 +65,12 @@ class Workload:
     def max_group(self) -> int:
         return int(np.diff(self.offsets).max())
 
-    def take(self, queries: int) -> "Workload":
+    def take(self, queries: int) -> "SimWorkload":
         """The first ``queries`` queries, cycling when the workload is shorter."""
         reps = -(-queries // self.queries)
         sizes = np.tile(np.diff(self.offsets), reps)[:queries]
         n = int(sizes.sum())
-        return Workload(np.tile(self.work_s, reps)[:n], np.tile(self.tok_per_work_s, reps)[:n],
+        return SimWorkload(np.tile(self.work_s, reps)[:n], np.tile(self.tok_per_work_s, reps)[:n],
                         np.tile(self.train_window_s, reps)[:n], np.concatenate([[0], np.cumsum(sizes)]),
                         self.tool_frac)
 
@@ -81,7 +81,7 @@ def _per_turn(cfg: WorkloadConfig, sim: SimConfig) -> tuple[float, float, float]
     return cfg.tool_s_per_turn + engine, cfg.tool_s_per_turn, cfg.prefill_tokens_per_turn + cfg.decode_tokens_per_turn
 
 
-def parametric(cfg: WorkloadConfig, sim: SimConfig, queries: int, seed: int, j_max: int | None = None) -> Workload:
+def parametric(cfg: WorkloadConfig, sim: SimConfig, queries: int, seed: int, j_max: int | None = None) -> SimWorkload:
     """``queries`` groups of ``cfg.runs_per_query`` runs drawn from the parametric model; ``j_max`` paths of
     ``cfg.path_turns`` turns are trained per run (None = all)."""
     rng = np.random.default_rng(seed)
@@ -99,7 +99,7 @@ def parametric(cfg: WorkloadConfig, sim: SimConfig, queries: int, seed: int, j_m
     window = np.inf
     if cfg.path_turns is not None and j_max is not None:
         window = cfg.path_turns * j_max * turn_work
-    return Workload(work.ravel(), tok, np.full(work.size, window), np.arange(queries + 1) * k,
+    return SimWorkload(work.ravel(), tok, np.full(work.size, window), np.arange(queries + 1) * k,
                     turn_tool / turn_work)
 
 
@@ -125,7 +125,7 @@ def _run_fields(rec: dict, sim: SimConfig, where: str) -> tuple[float, float, fl
     return work, tokens, tool, trained
 
 
-def read_trace(path: str | Path, sim: SimConfig) -> Workload:
+def read_trace(path: str | Path, sim: SimConfig) -> SimWorkload:
     """Parse a JSONL trace (format in the module docstring); errors name ``file:line``."""
     p = Path(path)
     if not p.is_file():
@@ -150,10 +150,10 @@ def read_trace(path: str | Path, sim: SimConfig) -> Workload:
     tok = np.array([k / w for w, k, _, _ in runs])
     window = np.array([tr / r if r > 0 else np.inf for (_, _, _, tr), r in zip(runs, tok)])
     offsets = np.concatenate([[0], np.cumsum([len(g) for g in groups.values()])])
-    return Workload(work, tok, window, offsets, tool_total / finite_total if finite_total else 0.0)
+    return SimWorkload(work, tok, window, offsets, tool_total / finite_total if finite_total else 0.0)
 
 
-def write_trace(path: str | Path, wl: Workload, timeout_s: float) -> None:
+def write_trace(path: str | Path, wl: SimWorkload, timeout_s: float) -> None:
     """Write ``wl`` as a trace (``duration_s`` form; infinite work is written as a timed-out run).
 
     The file is written to a temporary name and renamed, so a reader never sees half a trace.
@@ -175,7 +175,7 @@ def write_trace(path: str | Path, wl: Workload, timeout_s: float) -> None:
     os.replace(tmp, p)
 
 
-def load(cfg: WorkloadConfig, sim: SimConfig, queries: int, seed: int, *, j_max: int | None) -> Workload:
+def load(cfg: WorkloadConfig, sim: SimConfig, queries: int, seed: int, *, j_max: int | None) -> SimWorkload:
     """The workload of a simulation: ``queries`` groups from the trace (cycled) or the parametric model with
     ``j_max`` (``trajectory.j_max``) paths trained per run."""
     if cfg.trace is not None:

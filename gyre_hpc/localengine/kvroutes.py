@@ -20,9 +20,9 @@ import asyncio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from gyre_hpc.engines.kvcache import KVPoolFull
-from gyre_hpc.engines.kvport import KVPort
-from gyre_hpc.engines.kvprefix import bundle_from, export_prefix, import_prefix
+from gyre_hpc.localengine.kvcache import KVPoolFull
+from gyre_hpc.localengine.kvport import KVPort
+from gyre_hpc.localengine.kvprefix import bundle_from, export_prefix, import_prefix
 from gyre_hpc.errors import TransferError
 
 _REASONS = (("checksum mismatch", "checksum_mismatch"), ("version mismatch", "version_mismatch"),

@@ -1,4 +1,4 @@
-"""The live executor: cell messages → ``SchedState`` → the policy's decisions, with no clock and no I/O.
+"""The live executor (``LiveExecutor``): cell messages → ``SchedState`` → the policy's decisions, with no clock and no I/O.
 
 It is the live counterpart of the simulator's event handlers: every state change goes through
 ``transitions`` (shared with the simulator) and every decision comes from ``policy.decide(state, now)``,

@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from gyre_hpc.engines.paged import PagedDecoder
+from gyre_hpc.localengine.paged import PagedDecoder
 from gyre_hpc.errors import TransferError
 
 

@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse
 
 from gyre_hpc.engines import protocol as P
 from gyre_hpc.errors import CheckpointError, EngineError
-from gyre_hpc.serving import read_json
+from gyre_hpc.net.serving import read_json
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 
@@ -41,7 +41,7 @@ DTYPES = ("float32", "float16", "bfloat16", "float64")
 def _str(body: Mapping, key: str, default: Any = None) -> str:
     v = body.get(key, default)
     if not isinstance(v, str) or not v:
-        raise P.ProtocolError(key, f"expected a non-empty string, got {v!r}")
+        raise P.EngineRequestError(key, f"expected a non-empty string, got {v!r}")
     return v
 
 
@@ -53,9 +53,9 @@ def parse_init_group(body: Any) -> dict:
            "world_size": P._int("world_size", body.get("world_size"), 2),
            "group_name": _str(body, "group_name", "weight_update_group"), "backend": _str(body, "backend", "nccl")}
     if out["rank_offset"] >= out["world_size"]:
-        raise P.ProtocolError("rank_offset", f"{out['rank_offset']} is not below world_size={out['world_size']}")
+        raise P.EngineRequestError("rank_offset", f"{out['rank_offset']} is not below world_size={out['world_size']}")
     if out["backend"] != "gloo":
-        raise P.ProtocolError("backend", f"{out['backend']!r}: the local engine runs on the CPU (gloo only)")
+        raise P.EngineRequestError("backend", f"{out['backend']!r}: the local engine runs on the CPU (gloo only)")
     return out
 
 
@@ -65,17 +65,17 @@ def parse_update_distributed(body: Any) -> dict:
                    "load_format", "selector", "torch_empty_cache"))
     names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
     if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
-        raise P.ProtocolError("names", f"expected a non-empty list of tensor names, got {str(names)[:100]}")
+        raise P.EngineRequestError("names", f"expected a non-empty list of tensor names, got {str(names)[:100]}")
     if not isinstance(dtypes, list) or len(dtypes) != len(names) or any(d not in DTYPES for d in dtypes):
-        raise P.ProtocolError("dtypes", f"expected {len(names)} of {', '.join(DTYPES)}, got {str(dtypes)[:100]}")
+        raise P.EngineRequestError("dtypes", f"expected {len(names)} of {', '.join(DTYPES)}, got {str(dtypes)[:100]}")
     if (not isinstance(shapes, list) or len(shapes) != len(names)
             or not all(isinstance(s, list) and all(isinstance(d, int) and d >= 0 for d in s) for s in shapes)):
-        raise P.ProtocolError("shapes", f"expected {len(names)} lists of sizes, got {str(shapes)[:100]}")
+        raise P.EngineRequestError("shapes", f"expected {len(names)} lists of sizes, got {str(shapes)[:100]}")
     if body.get("load_format") is not None:
-        raise P.ProtocolError("load_format", f"{body['load_format']!r} is not supported (only null)")
+        raise P.EngineRequestError("load_format", f"{body['load_format']!r} is not supported (only null)")
     version = body.get("weight_version")
     if version is not None and (not isinstance(version, str) or not version):
-        raise P.ProtocolError("weight_version", f"expected a non-empty string, got {version!r}")
+        raise P.EngineRequestError("weight_version", f"expected a non-empty string, got {version!r}")
     return {"names": names, "dtypes": dtypes, "shapes": shapes, "version": version,
             "group_name": _str(body, "group_name", "weight_update_group"),
             "flush_cache": P._bool("flush_cache", body.get("flush_cache", True)),
@@ -92,23 +92,23 @@ def parse_update_tensor(body: Any) -> dict:
                    "selector", "torch_empty_cache"))
     payloads = body.get("serialized_named_tensors")
     if not isinstance(payloads, list) or not payloads or not all(isinstance(p, str) and p for p in payloads):
-        raise P.ProtocolError("serialized_named_tensors", f"expected a non-empty list of base64 strings, got "
+        raise P.EngineRequestError("serialized_named_tensors", f"expected a non-empty list of base64 strings, got "
                                                           f"{str(payloads)[:100]}")
     try:
         data = base64.b64decode(payloads[0], validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise P.ProtocolError("serialized_named_tensors", f"not base64: {exc}") from None
+        raise P.EngineRequestError("serialized_named_tensors", f"not base64: {exc}") from None
     if body.get("load_format") is not None:
-        raise P.ProtocolError("load_format", f"{body['load_format']!r} is not supported (only null)")
+        raise P.EngineRequestError("load_format", f"{body['load_format']!r} is not supported (only null)")
     version = body.get("weight_version")
     if version is not None and (not isinstance(version, str) or not version):
-        raise P.ProtocolError("weight_version", f"expected a non-empty string, got {version!r}")
+        raise P.EngineRequestError("weight_version", f"expected a non-empty string, got {version!r}")
     return {"data": data, "version": version, "flush_cache": P._bool("flush_cache", body.get("flush_cache", True)),
             "abort_all": P._bool("abort_all_requests", body.get("abort_all_requests", False))}
 
 
 async def _body(request: Request) -> Any:
-    return await read_json(request, lambda message: P.ProtocolError("body", message))
+    return await read_json(request, lambda message: P.EngineRequestError("body", message))
 
 
 def _fail(message: str) -> JSONResponse:

@@ -2,7 +2,7 @@
 
 Run it as its own process::
 
-    python -m gyre_hpc.engines.local --port 30000 --host 127.0.0.1 --config CONFIG [--set engine.x=y ...]
+    python -m gyre_hpc.localengine.server --port 30000 --host 127.0.0.1 --config CONFIG [--set engine.x=y ...]
 
 It reads the ``engine``, ``model`` and ``run.seed`` sections, builds the policy (the trainer's megatron
 ``GPTModel``, initialised from ``run.seed`` or loaded from ``engine.model_path``) and prints one line
@@ -40,13 +40,13 @@ from fastapi.responses import JSONResponse, Response
 
 from gyre_hpc.config import EngineConfig, ModelConfig, TransferConfig, load_config
 from gyre_hpc.engines import protocol as P
-from gyre_hpc.engines.kvport import KVPort
-from gyre_hpc.engines.kvroutes import add_kv_routes
-from gyre_hpc.engines.scheduler import Scheduler
-from gyre_hpc.engines.weight_routes import add_weight_routes
+from gyre_hpc.localengine.kvport import KVPort
+from gyre_hpc.localengine.kvroutes import add_kv_routes
+from gyre_hpc.localengine.scheduler import Scheduler
+from gyre_hpc.localengine.weight_routes import add_weight_routes
 from gyre_hpc.engines.weights import load_weights_dir
 from gyre_hpc.errors import ConfigError, EngineError, GyreError
-from gyre_hpc.serving import answer_unless_hung_up, make_server, read_json, serve_announced
+from gyre_hpc.net.serving import answer_unless_hung_up, make_server, read_json, serve_announced
 
 ENGINE_VERSION = "gyre-local-1"
 HEALTH_TIMEOUT_S = 20.0
@@ -57,7 +57,7 @@ def _error(exc: Exception, status: int = 400) -> JSONResponse:
 
 
 async def _json(request: Request) -> object:
-    return await read_json(request, lambda message: P.ProtocolError("body", message))
+    return await read_json(request, lambda message: P.EngineRequestError("body", message))
 
 
 class LocalEngine:
@@ -67,7 +67,7 @@ class LocalEngine:
                  transfer: TransferConfig | None = None, model_cfg: ModelConfig | None = None):
         self.s = scheduler
         self.model_cfg = model_cfg  # maps Hugging Face names of distributed updates back (weight_routes)
-        self.kv_port = KVPort(transfer or TransferConfig())  # /kv/* (gyre_hpc.engines.kvroutes)
+        self.kv_port = KVPort(transfer or TransferConfig())  # /kv/* (gyre_hpc.localengine.kvroutes)
         self.cfg = cfg
         self.model_path = model_path
         self.in_weight_update = False
@@ -261,7 +261,7 @@ def build_engine(config_path: str | None, overrides: list[str]) -> LocalEngine:
     if cfg.engine.context_len > cfg.model.max_seq_len:
         raise ConfigError(f"engine.context_len: {cfg.engine.context_len} exceeds model.max_seq_len="
                           f"{cfg.model.max_seq_len}")
-    from gyre_hpc.engines.policy import MegatronPolicy  # torch + megatron: seconds, so only after the checks
+    from gyre_hpc.localengine.policy import MegatronPolicy  # torch + megatron: seconds, so only after the checks
 
     policy = MegatronPolicy(cfg.model, seed=cfg.run.seed, threads=cfg.engine.torch_threads)
     engine_cfg = cfg.engine
@@ -292,7 +292,7 @@ async def serve(engine: LocalEngine, host: str, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gyre_hpc.engines.local", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gyre_hpc.localengine.server", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default=None, help="listen address (default: engine.host)")
     parser.add_argument("--port", type=int, default=None, help="listen port (default: engine.port_base)")
     parser.add_argument("--config", default=None, help="YAML config (default: the embedded defaults)")

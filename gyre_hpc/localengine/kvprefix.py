@@ -24,9 +24,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from gyre_hpc.engines.kvcache import ROOT, KVPoolFull, block_hash
-from gyre_hpc.engines.kvexport import KVBundle, _digest
-from gyre_hpc.engines.paged import PagedDecoder
+from gyre_hpc.localengine.kvcache import ROOT, KVPoolFull, block_hash
+from gyre_hpc.localengine.kvexport import KVBundle, _digest
+from gyre_hpc.localengine.paged import PagedDecoder
 from gyre_hpc.errors import TransferError
 
 

@@ -21,8 +21,8 @@ import numpy as np
 
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.config import TransferConfig
-from gyre_hpc.engines.kvexport import KVBundle
-from gyre_hpc.engines.kvprefix import describe
+from gyre_hpc.localengine.kvexport import KVBundle
+from gyre_hpc.localengine.kvprefix import describe
 from gyre_hpc.errors import TransferError
 
 MAX_STAGED = 16

@@ -21,8 +21,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from gyre_hpc.engines import cached_forward
-from gyre_hpc.engines.kvcache import BlockManager, KVPoolFull
+from gyre_hpc.localengine import cached_forward
+from gyre_hpc.localengine.kvcache import BlockManager, KVPoolFull
 from gyre_hpc.train.model import quiet_megatron
 
 

@@ -1,6 +1,6 @@
 """The policy an engine generates from: the trainer's own megatron-core ``GPTModel``, run for next-token logits.
 
-The local engine talks to a ``Policy`` only (``next_token_logits``, ``load_weights``, ``checksum``), so another
+The local engine talks to a ``EngineModel`` only (``next_token_logits``, ``load_weights``, ``checksum``), so another
 backend plugs in without touching the scheduler. ``MegatronPolicy`` builds the model with
 ``gyre_hpc.train.model.build_model`` (same config, same seed → the trainer's initial weights), so a trainer export
 loads with no conversion.
@@ -31,7 +31,7 @@ from gyre_hpc.engines.weights import weights_checksum
 from gyre_hpc.errors import EngineError
 
 
-class Policy(Protocol):
+class EngineModel(Protocol):
     vocab_size: int
 
     def next_token_logits(self, seqs: Sequence[Sequence[int]]) -> np.ndarray:
@@ -89,7 +89,7 @@ class MegatronPolicy:
 
     def paged(self, block_size: int, pool_tokens: int, prefill_chunk: int = 1024):
         """A ``PagedDecoder`` over this model's live parameters (weight loads are seen by it)."""
-        from gyre_hpc.engines.paged import PagedDecoder
+        from gyre_hpc.localengine.paged import PagedDecoder
 
         return PagedDecoder(self.model, self.vocab_size, block_size, pool_tokens, prefill_chunk)
 

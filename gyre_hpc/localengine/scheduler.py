@@ -1,14 +1,14 @@
 """Continuous batching for the local engine: one asyncio loop owns every request; the model runs in a thread.
 
 Each decode tick admits waiting requests (FIFO) up to ``max_running_requests``, runs ONE forward over all running
-requests (``Policy.next_token_logits``, padded, causal), samples one token for each, and finishes those that hit
+requests (``EngineModel.next_token_logits``, padded, causal), samples one token for each, and finishes those that hit
 a stop token, EOS (neither with ignore_eos, as SGLang), or their length. HTTP handlers (abort, pause, loads,
 weight updates) run on the same event loop between ticks, so request state is only ever touched by one thread.
 
 States of a request: waiting → running → finished (length | stop | abort); ``retract`` moves running back to the
 front of the waiting queue with its tokens kept (and its KV blocks, with ``engine.kv_cache``).
 
-With ``engine.kv_cache`` the tick runs on a paged KV cache (``gyre_hpc.engines.paged``): a request gets its blocks
+With ``engine.kv_cache`` the tick runs on a paged KV cache (``gyre_hpc.localengine.paged``): a request gets its blocks
 when it starts running (a prefix hit counts as ``meta_info.cached_tokens``); when the pool is short the head of the
 queue waits; a weight load drops the prefix cache.
 
@@ -36,16 +36,16 @@ import numpy as np
 
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.config import EngineConfig
-from gyre_hpc.engines.policy import Policy
+from gyre_hpc.localengine.policy import EngineModel
 from gyre_hpc.engines.protocol import (
     GenerateRequest,
-    ProtocolError,
+    EngineRequestError,
     finish_abort,
     finish_length,
     finish_stop,
     generate_response,
 )
-from gyre_hpc.engines.sampling import sample
+from gyre_hpc.localengine.sampling import sample
 from gyre_hpc.errors import EngineError
 
 
@@ -66,7 +66,7 @@ class _Running:
 
 
 class Scheduler:
-    def __init__(self, policy: Policy, cfg: EngineConfig, seed: int = 0, clock: Clock | None = None):
+    def __init__(self, policy: EngineModel, cfg: EngineConfig, seed: int = 0, clock: Clock | None = None):
         self.policy = policy
         self.clock = clock or WallClock()  # e2e latencies and the device-tick floor
         self.cfg = cfg
@@ -81,7 +81,7 @@ class Scheduler:
         self._seeds = np.random.SeedSequence(seed)
         self.generated_tokens = 0
         self.forward_calls = 0
-        # engine.kv_cache: decode on a paged KV cache (gyre_hpc.engines.paged); None = recompute every tick
+        # engine.kv_cache: decode on a paged KV cache (gyre_hpc.localengine.paged); None = recompute every tick
         self.kv = (policy.paged(cfg.kv_block_size, cfg.kv_pool_tokens, cfg.kv_prefill_chunk)
                    if cfg.kv_cache else None)
 
@@ -89,13 +89,13 @@ class Scheduler:
     def submit(self, req: GenerateRequest) -> asyncio.Future:
         """Queue ``req``; the future resolves to its ``/generate`` answer."""
         if req.rid in self._active:
-            raise ProtocolError("rid", f"request {req.rid!r} is already running")
+            raise EngineRequestError("rid", f"request {req.rid!r} is already running")
         if self.released:
             raise EngineError(f"engine memory released ({', '.join(sorted(self.released))}): "
                               "/resume_memory_occupation first", status=503)
         room = self.cfg.context_len - len(req.input_ids)
         if room < 1:
-            raise ProtocolError("input_ids", f"{len(req.input_ids)} tokens do not fit the context length "
+            raise EngineRequestError("input_ids", f"{len(req.input_ids)} tokens do not fit the context length "
                                              f"{self.cfg.context_len} (at least one output token)")
         if self.kv is not None:
             self.kv.check_fits(len(req.input_ids) + min(req.sampling.max_new_tokens, room))
@@ -233,7 +233,7 @@ class Scheduler:
 
     def _admit_kv(self, r: _Running) -> bool:
         """Give ``r`` its KV blocks (prefix hit + room for its whole length); False when the pool is short."""
-        from gyre_hpc.engines.kvcache import KVPoolFull
+        from gyre_hpc.localengine.kvcache import KVPoolFull
 
         try:
             r.cached_tokens = self.kv.admit(r.req.rid, r.tokens(), len(r.req.input_ids) + r.max_new, self.version)

@@ -5,13 +5,13 @@ Invariants
   (``engines.launch``, ``proxy.launch``) wait for it before they hand out the URL.
 - A service ignores SIGUSR1, the preemption signal of a live run (on submitit's tasks the time-limit signal too:
   ``rank_signals.service_ignored``): under SLURM a signal to the step reaches every
-  process in it, and the ranks (``runtime.preempt``), not their services, decide what preemption does.
+  process in it, and the ranks (``live.preempt``), not their services, decide what preemption does.
 - A request whose caller hangs up is given up within ``DISCONNECT_POLL_S`` (its work is aborted or cancelled
   by the caller's ``on_hang_up``) and answered 499, as in SGLang.
 - An empty body reads as ``{}``; malformed JSON is the service's own typed error naming line and column.
 
 Security and limits (``make_server`` wraps every listener the same way; tests/integration/test_serving_limits.py)
-- Every request must carry the job secret (``gyre_hpc.auth``), or on the proxy a run key for its run routes
+- Every request must carry the job secret (``gyre_hpc.net.auth``), or on the proxy a run key for its run routes
   (``RUN_ROUTES``); otherwise 401 (403 for a run key outside them) before its body is read.
 - A request head not complete within ``http.header_timeout_s`` (slowloris), or a body not complete within
   ``http.body_timeout_s`` (408), closes the connection; a body over ``http.max_body_bytes`` is a 413 (by its
@@ -38,7 +38,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from gyre_hpc import auth
+from gyre_hpc.net import auth
 from gyre_hpc.clock import wait_until
 from gyre_hpc.config import HttpConfig
 from gyre_hpc.errors import ConfigError
