@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 
 from gyre_hpc.agents.grader import sandbox_available
+from gyre_hpc.agents.result import AgentResult
 from gyre_hpc.config import MiniSweAgentConfig
 from gyre_hpc.errors import ConfigError
 
@@ -87,8 +88,7 @@ def agent_env(run_dir: Path) -> dict[str, str]:
 
 def run_mswea_agent(cfg: MiniSweAgentConfig, statement: str, base_url: str, api_key: str, workspace: Path,
                     timeout_s: float, model_name: str = "gyre-policy", python: Path | None = None):
-    """Run mini-swe-agent once on ``statement`` in ``workspace``; returns ``plugins.AgentResult``."""
-    from gyre_hpc.agents.plugins import AgentResult
+    """Run mini-swe-agent once on ``statement`` in ``workspace``; returns an ``AgentResult``."""
 
     isolate = cfg.isolation != "off" and sandbox_available()
     if cfg.isolation == "required" and not isolate:
@@ -133,7 +133,6 @@ def _refusals(run_dir: Path) -> str:
 
 
 def _result(run_dir: Path, returncode: int, tail: str):
-    from gyre_hpc.agents.plugins import AgentResult
 
     try:
         result = json.loads((run_dir / "result.json").read_text())

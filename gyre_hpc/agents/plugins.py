@@ -38,10 +38,11 @@ import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 from gyre_hpc.agents.grader import Grade, grade_hidden_tests
 from gyre_hpc.agents.repo_tasks import RepoTask
+from gyre_hpc.agents.result import AgentResult
 from gyre_hpc.config import AgentConfig, GraderConfig, MiniSweAgentConfig
 from gyre_hpc.errors import ConfigError
 from gyre_hpc.trajectory.records import RunStatus
@@ -88,15 +89,6 @@ def load_plugins(agent: AgentConfig, grader: GraderConfig) -> Plugins:
 
         return Plugins(agent.kind, None, (), grade, grader, agent.mini_swe_agent, venv_python(agent.mini_swe_agent))
     return Plugins(agent.kind, fn, agent.argv if agent.kind == "command" else (), grade, grader)
-
-
-@dataclass(frozen=True)
-class AgentResult:
-    """How a plugin agent's run ended: finished (returned / exit 0), timeout, or crashed (raised / exit != 0)."""
-
-    status: Literal["finished", "timeout", "crashed"]
-    detail: str = ""
-    returncode: int | None = None
 
 
 def _call_with_timeout(fn: Callable[..., Any], kwargs: dict, timeout_s: float) -> tuple[str, Any]:

@@ -28,7 +28,7 @@ from gyre_hpc.tracking import live as tracking
 from gyre_hpc.train import agreement
 
 if TYPE_CHECKING:
-    from gyre_hpc.live.root import LiveServer
+    from gyre_hpc.live.root_server import LiveServer
 
 REPORT_PNGS = ("roles", "reward", "staleness", "query_durations")
 

@@ -217,7 +217,6 @@ def add_weight_routes(app: FastAPI, engine) -> None:
             return _fail(str(exc))
         return _loaded(u)
 
-    app.add_api_route("/init_weights_update_group", init_weights_update_group, methods=["POST"])
-    app.add_api_route("/destroy_weights_update_group", destroy_weights_update_group, methods=["POST"])
-    app.add_api_route("/update_weights_from_distributed", update_weights_from_distributed, methods=["POST"])
-    app.add_api_route("/update_weights_from_tensor", update_weights_from_tensor, methods=["POST"])
+    for route in (init_weights_update_group, destroy_weights_update_group, update_weights_from_distributed,
+                  update_weights_from_tensor):  # each route is named after its handler, as in SGLang
+        app.add_api_route(f"/{route.__name__}", route, methods=["POST"])

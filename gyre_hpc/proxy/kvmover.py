@@ -28,7 +28,7 @@ import httpx
 from gyre_hpc.net import auth, tls
 from gyre_hpc.clock import Clock, WallClock
 from gyre_hpc.allocator.eventlog import EventLog
-from gyre_hpc.proxy.movers import MoveCost, MovePlan
+from gyre_hpc.proxy.moveplan import MoveCost, MovePlan
 
 
 class KVFallback(Exception):

@@ -7,7 +7,8 @@ The proxy moves a request in four steps; only step 3 is the mover's::
     3. mover.prepare(plan)                  make the target ready to continue from plan.tokens
     4. resubmit the continuation            /generate {input_ids: prompt + partial, max_new_tokens: rest}
 
-``ReprefillMover`` does nothing in step 3: the target recomputes the whole prefix (prompt + partial) when the
+The seam's types (``MovePlan``, ``MoveCost``, ``Mover``) are ``gyre_hpc.proxy.moveplan``'s, which both movers
+import. ``ReprefillMover`` does nothing in step 3: the target recomputes the whole prefix (prompt + partial) when the
 continuation arrives, which is the only way SGLang 0.5.23 offers (it has no API to migrate a running request's
 KV cache). Its cost is ``reprefill_tokens = len(plan.tokens)`` of prefill on the target.
 
@@ -24,36 +25,10 @@ Invariant: ``prepare`` never changes what the target generates; it only changes 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
-
+from gyre_hpc.proxy.moveplan import MoveCost, MovePlan, Mover
 from gyre_hpc.proxy.routing import ProxyError
 
 MOVERS = ("kv", "reprefill")
-
-
-@dataclass(frozen=True)
-class MovePlan:
-    rid: str  # the harness call
-    source: str  # engine name
-    source_url: str
-    source_alive: bool  # false when the source died (no KV to take)
-    target: str
-    target_url: str
-    tokens: tuple[int, ...]  # prompt + partial output: the prefix the target continues from
-
-
-@dataclass(frozen=True)
-class MoveCost:
-    reprefill_tokens: int  # prefix tokens the target recomputes
-    moved_tokens: int  # prefix tokens whose KV blocks were transferred
-    seconds: float  # time prepare() took
-
-
-class Mover(Protocol):
-    name: str
-
-    async def prepare(self, plan: MovePlan) -> MoveCost: ...
 
 
 class ReprefillMover:

@@ -45,7 +45,8 @@ from gyre_hpc.proxy.admin import EngineAdmin, Request
 from gyre_hpc.proxy.calls import CallRequest, CallSegment, answer, continuation, parse_call, produced, tito_call
 from gyre_hpc.allocator.eventlog import EventLog
 from gyre_hpc.proxy.events import proxy_log
-from gyre_hpc.proxy.movers import MovePlan, Mover, make_mover
+from gyre_hpc.proxy.moveplan import MovePlan, Mover
+from gyre_hpc.proxy.movers import make_mover
 from gyre_hpc.proxy.recorder import TitoRecorder, tito_file
 from gyre_hpc.proxy.routing import Engine, EngineState, NoEngineError, ProxyError, Router
 from gyre_hpc.trajectory.records import Outcome

@@ -9,7 +9,8 @@ import pytest
 
 from gyre_hpc.proxy.events import proxy_log
 from gyre_hpc.proxy.kvmover import KVMover
-from gyre_hpc.proxy.movers import MovePlan, make_mover
+from gyre_hpc.proxy.moveplan import MovePlan
+from gyre_hpc.proxy.movers import make_mover
 
 TOKENS = tuple(range(11))
 DESC = {"move_id": "kv0", "location": "127.0.0.1:1", "address": 1, "nbytes": 64, "tokens": list(range(8))}

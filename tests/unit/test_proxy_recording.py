@@ -10,7 +10,8 @@ from gyre_hpc.config import load_config
 from gyre_hpc.errors import ConfigError, ProtocolError
 from gyre_hpc.allocator.eventlog import read_events
 from gyre_hpc.proxy.events import proxy_log
-from gyre_hpc.proxy.movers import MovePlan, ReprefillMover, make_mover
+from gyre_hpc.proxy.moveplan import MovePlan
+from gyre_hpc.proxy.movers import ReprefillMover, make_mover
 from gyre_hpc.proxy.recorder import TitoRecorder
 from gyre_hpc.proxy.routing import ProxyError
 from gyre_hpc.trajectory.records import Call, Outcome, RunStatus, read_tito
