@@ -21,7 +21,7 @@ import subprocess
 from gyre_hpc.config import GyreConfig, load_config
 from gyre_hpc.errors import GyreError, LayoutError
 from gyre_hpc.files.io import atomic_write_text
-from gyre_hpc.rundir import RunDir
+from gyre_hpc.models import run_init
 from gyre_hpc.slurm.sbatch import render_sbatch
 from jobs import add_overrides
 
@@ -54,9 +54,8 @@ def run(args: argparse.Namespace) -> int:
         raise GyreError("sbatch not found on PATH: submit from a SLURM login node (or start the local cluster: "
                         "scripts/local-slurm.sh start); --dry-run prints the script without submitting")
     _check_fits(sbatch, cfg, script)
-    rundir = RunDir.new(cfg.run.out_dir, cfg.run.name, absolute=True)
-    rundir.write_config(cfg)
-    run_dir = rundir.path
+    # the config written is resolved (RUN_DIR/model/init written first): a requeued job's resume check reads it
+    run_dir, cfg = run_init.new_run(cfg, "gyre submit", absolute=True)
     atomic_write_text(run_dir / "job.sbatch", script)
     cmd = [sbatch, "--parsable", f"--output={run_dir}/slurm-%j.out", f"--error={run_dir}/slurm-%j.err",
            f"--export=ALL,GYRE_RUN_DIR={run_dir}", str(run_dir / "job.sbatch")]

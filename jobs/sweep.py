@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from gyre_hpc.errors import ConfigError
+from gyre_hpc.models import run_init
 from gyre_hpc.rundir import RunDir
 from gyre_hpc.sweep import (counts, expand, load_elements, markdown_table, metric_columns, parse_grid, result_rows,
                             write_results)
@@ -101,7 +102,8 @@ def _tasks(args, cfgs, elements, kind, out: Path):
             tasks.append(SweepJob(e.index, simulate_element, (config, list(args.overrides) + e.overrides), params))
             continue
         run_dir = out / f"e{e.index:03d}"
-        config = RunDir.at(run_dir).write_config(cfg)
+        run_dir, cfg = run_init.new_run(cfg, "gyre sweep", path=run_dir)  # resolved, as gyre train writes it
+        config = RunDir(run_dir).config_path
         if kind == "slurm":
             params = jobspec.train_parameters(cfg, out / "submitit")
             fn = train_rank

@@ -40,7 +40,6 @@ from gyre_hpc.live.launch import launch, rank_command
 from gyre_hpc.live.rank import check_resume_config, early_preemption, print_summary, run_rank
 from gyre_hpc.lifecycle.recovery import ERROR_EXIT, PREEMPTED_EXIT, RANK_LOST_EXIT, saved_newer
 from gyre_hpc.live.supervise import add_relaunches, supervise
-from gyre_hpc.rundir import RunDir
 from jobs import add_overrides
 
 DESCRIPTION = """\
@@ -102,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         if run_dir is None:
             return 0
     else:
-        run_dir, cfg = _new_run(cfg)
+        run_dir, cfg = run_init.new_run(cfg, "gyre train")
     if preemption.signal is not None:  # preempted before any rank started: the empty resume state
         from gyre_hpc.lifecycle import resume
 
@@ -133,16 +132,6 @@ def run(args: argparse.Namespace) -> int:
     if summary.get("error"):
         raise GyreError(f"{summary['error']}; see {summary_path} and events.jsonl")
     return 0 if code == 0 else code
-
-
-def _new_run(cfg: GyreConfig) -> tuple[Path, GyreConfig]:
-    """A new run directory holding its config, resolved: a Qwen3-format model without model.hf_path gets
-    RUN_DIR/model/init written once (gyre_hpc.models.run_init), before any rank starts; the config then points
-    model.hf_path (and an sglang engine.model_path) there, and RUN_DIR/config.yaml holds it (gyre_hpc.rundir)."""
-    rundir = RunDir.new(cfg.run.out_dir, cfg.run.name)
-    cfg = run_init.prepare(cfg, rundir.path, "gyre train")
-    rundir.write_config(cfg)  # a failure removes the new directory: nothing half-written
-    return rundir.path, cfg
 
 
 def _stop_left_behind(run_dir: Path) -> None:
@@ -288,7 +277,7 @@ def _sync(cfg: GyreConfig, args: argparse.Namespace) -> int:
     from gyre_hpc.report.train_plots import reward_curve
     from gyre_hpc.train import agreement
 
-    run_dir, cfg = _new_run(cfg)
+    run_dir, cfg = run_init.new_run(cfg, "gyre train")
     bar = tqdm(total=cfg.allocator.steps, desc="train", unit="step", file=sys.stderr, disable=None)
     clock = WallClock()
 

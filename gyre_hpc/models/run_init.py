@@ -38,6 +38,7 @@ from pathlib import Path
 
 from gyre_hpc.config import GyreConfig, ModelConfig
 from gyre_hpc.errors import ConfigError
+from gyre_hpc.rundir import RunDir
 
 INIT_DIR = ("model", "init")
 #: what a Qwen3 checkpoint is (hf_config.model_fields); a Qwen3-format model section must agree
@@ -138,6 +139,23 @@ def prepare(cfg: GyreConfig, run_dir: str | Path, who: str) -> GyreConfig:
         print(f"{who}: writing the initial model to {init_dir(run_dir)}", file=sys.stderr, flush=True)
         materialise(cfg, run_dir)
     return for_run(cfg, run_dir)
+
+
+def new_run(cfg: GyreConfig, who: str, absolute: bool = False,
+            path: str | Path | None = None) -> tuple[Path, GyreConfig]:
+    """The run directory of a new run (``path``, else a fresh one under ``run.out_dir``) holding its config, resolved
+    (``prepare``) before it is written: every entry point that starts a run (train, submit, sweep, the submitit API)
+    writes the config its ranks, and a requeued job's resume check, read back. A directory made here is removed
+    again if the initial model or the config cannot be written (``RunDir.write_config``)."""
+    rundir = RunDir.at(path) if path is not None else RunDir.new(cfg.run.out_dir, cfg.run.name, absolute=absolute)
+    try:
+        cfg = prepare(cfg, rundir.path, who)
+    except BaseException:
+        if rundir.fresh:
+            shutil.rmtree(rundir.path, ignore_errors=True)  # nothing half-written
+        raise
+    rundir.write_config(cfg)
+    return rundir.path, cfg
 
 
 def for_run(cfg: GyreConfig, run_dir: str | Path) -> GyreConfig:

@@ -31,6 +31,7 @@ from gyre_hpc.clock import wait_until
 from gyre_hpc.config import load_config
 from gyre_hpc.errors import ConfigError, GyreError
 from gyre_hpc.files.io import atomic_write_text
+from gyre_hpc.models import run_init
 from gyre_hpc.rundir import RunDir
 from gyre_hpc.slurm import jobspec
 from gyre_hpc.sweep import error_tail
@@ -84,8 +85,8 @@ def submit(config: str | Path | None, overrides: Mapping[str, Any] | Sequence[st
     cfg = load_config(config, sets)
     preflight(cfg)  # before any file is written
     kind = executor_kind(executor)
-    rundir = RunDir.new(cfg.run.out_dir, cfg.run.name, absolute=True)
-    config_path, run_dir = rundir.write_config(cfg), rundir.path
+    run_dir, cfg = run_init.new_run(cfg, "gyre_hpc.submit", absolute=True)  # resolved: what a requeue checks
+    config_path = RunDir(run_dir).config_path
     params = (jobspec.train_parameters(cfg, run_dir) if kind == "slurm" else jobspec.single_task_parameters(cfg))
     if timeout_min:
         params["timeout_min"] = timeout_min

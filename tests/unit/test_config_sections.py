@@ -29,7 +29,7 @@ ROOT_OK = {
     *(f"gyre_hpc/rundir.py:RunDir.{f}" for f in ("write_config", "keep_config")),
     "gyre_hpc/live/root_files.py:summary",  # the run's summary names the policy, the engine, the events file
     # the run's initial model: model + run.seed in, a config with model.hf_path (and engine.model_path) out
-    *(f"gyre_hpc/models/run_init.py:{f}" for f in ("init_args", "materialise", "prepare", "for_run")),
+    *(f"gyre_hpc/models/run_init.py:{f}" for f in ("init_args", "materialise", "prepare", "new_run", "for_run")),
     # the sbatch script and the submitit parameters render the whole config
     *(f"gyre_hpc/slurm/sbatch.py:{f}" for f in ("node_count", "render_sbatch", "_header", "_directives",
                                                 "_environment", "_launch", "_relaunch")),
