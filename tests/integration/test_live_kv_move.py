@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from gyre_hpc.net import auth
-from gyre_hpc.proxy.events import read_events
+from gyre_hpc.allocator.eventlog import read_events
 from live_run import AGENT_TIMEOUT, RunWatcher, run_live
 from slurm_cluster import mpirun  # noqa: F401  (fixture)
 
