@@ -157,7 +157,7 @@ def test_a_cells_drain_moves_the_calls_of_both_replicas_to_the_other_cells_engin
     moves = [e for e in events if e["event"] == "move" and e["from_engine"] in drain["engines"]
              and e["reason"] == "drain"]  # (later: re-spreads after the re-add, colocate's own drains)
     assert any(m["to_cell"] != drain["cell"] for m in moves), moves
-    assert summary["calls_moved"] >= drain["moved"]
+    assert summary["calls_moved"] >= len(moves)  # a drain's "moved" counts flagged requests, some finished in place
 
 
 def test_the_tokens_trained_are_the_engines_own(replicas_run):
