@@ -70,10 +70,14 @@ class RunDir:
         try:
             return atomic_write_text(self.config_path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
         except OSError as exc:
-            if self.fresh:
-                shutil.rmtree(self.path, ignore_errors=True)  # nothing half-written
+            self.discard_if_fresh()
             raise ConfigError(f"run.out_dir: cannot write {self.config_path} ({exc.strerror or exc}); "
                               f"free space or choose another directory with --set run.out_dir=DIR") from None
+
+    def discard_if_fresh(self) -> None:
+        """Remove the directory if ``new`` made it for this run (a start that failed leaves nothing half-written)."""
+        if self.fresh:
+            shutil.rmtree(self.path, ignore_errors=True)
 
     def keep_config(self, cfg: GyreConfig) -> Path:
         """RUN_DIR/config.yaml as it is, or ``cfg`` written there when there is none (ranks srun started from a

@@ -72,10 +72,11 @@ def check_resume_config(cfg: GyreConfig, run_dir: Path) -> None:
     ``gyre_hpc.lifecycle.resume.may_change`` allows (steps, run directory name, timeouts, retries, slurm.*)."""
     from gyre_hpc.lifecycle import resume
 
-    saved = RunDir(run_dir).saved_config() if resume.exists(run_dir) else None
+    rundir = RunDir(run_dir)
+    saved = rundir.saved_config() if resume.exists(run_dir) else None
     if saved is None:
         return
-    path = RunDir(run_dir).config_path
+    path = rundir.config_path
     changes = resume.config_changes(saved, to_dict(cfg), to_dict(GyreConfig()))
     if changes:
         listed = "; ".join(f"{k}: {old!r} there, {new!r} now" for k, (old, new) in changes.items())

@@ -151,8 +151,7 @@ def new_run(cfg: GyreConfig, who: str, absolute: bool = False,
     try:
         cfg = prepare(cfg, rundir.path, who)
     except BaseException:
-        if rundir.fresh:
-            shutil.rmtree(rundir.path, ignore_errors=True)  # nothing half-written
+        rundir.discard_if_fresh()
         raise
     rundir.write_config(cfg)
     return rundir.path, cfg
