@@ -30,6 +30,9 @@ OVERRIDES = [
     "run.name=replicas", "train.epochs=1", "allocator.hello_timeout_s=300", "proxy.startup_timeout_s=300",
     "allocator.heartbeat_timeout_s=300",
     "proxy.no_engine_wait_s=600",  # colocate: calls cut by both cells' drain wait for their return (slow on 2 cores)
+    # each decode step takes 20 ms: a drained call is still running when the abort reaches it (without, CI saw a
+    # drain flag 12 calls that all finished in place, and no drain move in the whole run)
+    "engine.device_tick_s=0.02",
     # as written and run (the configs turned both on, issue 31): a switch stops and starts the replicas
     "engine.kv_cache=false", "engine.sleep_in_training=false",
 ]
